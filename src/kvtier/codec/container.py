@@ -1,0 +1,192 @@
+"""The stored block: a fixed 128-byte little-endian header, then the (possibly encoded) payload.
+
+Header: magic ``KVTB``, format version, codec id, dtype code, rank, namespace id (16 B), key (16 B),
+raw length, stored length, xxh3-64 checksum over the header (checksum field zeroed) and the
+payload, then up to six shape dimensions. No pickle: every field is a fixed-width integer.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from kvtier.codec.codecs import CODECS, get_codec
+from kvtier.errors import KvtierError
+
+MAGIC = b"KVTB"
+VERSION = 1
+HEADER_SIZE = 128
+MAX_RANK = 6
+_FMT = struct.Struct("<4sHBBB3x16s16sQQQ6I")
+_CHECKSUM_OFFSET = 4 + 2 + 1 + 1 + 1 + 3 + 16 + 16 + 8 + 8
+_PAD = b"\x00" * (HEADER_SIZE - _FMT.size)
+DTYPES = {"u8": 0, "bf16": 1, "fp16": 2, "fp32": 3, "fp8": 4, "int8": 5}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class BlockError(KvtierError):
+    """A stored block cannot be served. The cache counts it as a miss and deletes it."""
+
+
+class CorruptBlockError(BlockError):
+    """Bad magic, a length mismatch, a truncated block or a checksum that does not match."""
+
+
+class ForeignBlockError(BlockError):
+    """The block belongs to another namespace or key (another model, dtype, tenant …)."""
+
+
+class UnsupportedBlockError(BlockError):
+    """The block was written by an unknown format version or codec."""
+
+
+class BufferTooSmallError(KvtierError, ValueError):
+    """The caller's buffer cannot hold the block's raw payload; size it from the header."""
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """What the bytes of a payload are: element dtype, shape, and the codec to store them with."""
+
+    dtype: str = "u8"
+    shape: tuple[int, ...] = ()
+    codec: str = "raw"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown block dtype {self.dtype!r}; use one of {sorted(DTYPES)}")
+        if len(self.shape) > MAX_RANK:
+            raise ValueError(f"block shape {self.shape} has more than {MAX_RANK} dimensions")
+
+
+RAW_META = BlockMeta()
+
+
+@dataclass(frozen=True)
+class BlockHeader:
+    """A parsed block header."""
+
+    namespace: bytes
+    key: bytes
+    meta: BlockMeta
+    raw_len: int
+    stored_len: int
+    checksum: int
+    version: int = VERSION
+
+    @property
+    def total_len(self) -> int:
+        """Header plus stored payload, in bytes."""
+        return HEADER_SIZE + self.stored_len
+
+
+def _header_bytes(
+    namespace: bytes,
+    key: bytes,
+    meta: BlockMeta,
+    codec_id: int,
+    raw_len: int,
+    stored_len: int,
+    checksum: int,
+) -> bytes:
+    shape = tuple(meta.shape) + (0,) * (MAX_RANK - len(meta.shape))
+    return (
+        _FMT.pack(
+            MAGIC,
+            VERSION,
+            codec_id,
+            DTYPES[meta.dtype],
+            len(meta.shape),
+            namespace,
+            key,
+            raw_len,
+            stored_len,
+            checksum,
+            *shape,
+        )
+        + _PAD
+    )
+
+
+def pack_block(
+    namespace: bytes, key: bytes, payload, meta: BlockMeta = RAW_META
+) -> tuple[bytes, memoryview]:
+    """Encode ``payload`` with ``meta.codec``; return (header, stored payload) ready to write.
+
+    The two parts are returned apart so tiers can write them without joining them in memory.
+    """
+    raw = memoryview(payload).cast("B")
+    codec = get_codec(meta.codec)
+    stored = memoryview(codec.encode(raw, meta.dtype)).cast("B")
+    header = _header_bytes(namespace, key, meta, codec.id, raw.nbytes, stored.nbytes, 0)
+    h = xxhash.xxh3_64(header)
+    h.update(stored)
+    header = (
+        header[:_CHECKSUM_OFFSET]
+        + struct.pack("<Q", h.intdigest())
+        + header[_CHECKSUM_OFFSET + 8 :]
+    )
+    return header, stored
+
+
+def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) -> BlockHeader:
+    """Parse and validate a header; check namespace and key when given. Raises BlockError."""
+    view = memoryview(buf).cast("B")
+    if view.nbytes < HEADER_SIZE:
+        raise CorruptBlockError(f"block truncated: {view.nbytes} bytes, header needs {HEADER_SIZE}")
+    magic, version, codec_id, dtype, rank, ns, k, raw_len, stored_len, checksum, *shape = (
+        _FMT.unpack_from(view)
+    )
+    if magic != MAGIC:
+        raise CorruptBlockError(f"not a kvtier block (magic {magic!r})")
+    if version != VERSION:
+        raise UnsupportedBlockError(f"block format version {version}; this kvtier reads {VERSION}")
+    if codec_id not in CODECS:
+        raise UnsupportedBlockError(f"block codec id {codec_id} is not known to this kvtier")
+    if dtype not in _DTYPE_NAMES or rank > MAX_RANK:
+        raise CorruptBlockError(f"block header has dtype code {dtype} / rank {rank}")
+    if namespace is not None and ns != namespace:
+        raise ForeignBlockError("block belongs to another namespace")
+    if key is not None and k != key:
+        raise ForeignBlockError("block holds another key")
+    meta = BlockMeta(_DTYPE_NAMES[dtype], tuple(shape[:rank]), CODECS[codec_id].name)
+    return BlockHeader(ns, k, meta, raw_len, stored_len, checksum, version)
+
+
+def verify(view: memoryview, header: BlockHeader) -> None:
+    """Check the stored length and checksum of a whole block (header + payload)."""
+    if view.nbytes < header.total_len:
+        raise CorruptBlockError(f"block truncated: {view.nbytes} of {header.total_len} bytes")
+    h = xxhash.xxh3_64(view[:_CHECKSUM_OFFSET])
+    h.update(b"\x00" * 8)
+    h.update(view[_CHECKSUM_OFFSET + 8 : header.total_len])
+    if h.intdigest() != header.checksum:
+        raise CorruptBlockError("block checksum mismatch")
+
+
+def unpack_into(
+    buf, out, namespace: bytes | None = None, key: bytes | None = None, check: bool = True
+) -> BlockHeader:
+    """Validate a whole block in ``buf`` and decode its payload into ``out``.
+
+    ``check=False`` skips the payload checksum (for trusted in-process memory); the header is
+    always validated.
+    """
+    view = memoryview(buf).cast("B")
+    header = parse_header(view, namespace, key)
+    if check:
+        verify(view, header)
+    elif view.nbytes < header.total_len:
+        raise CorruptBlockError(f"block truncated: {view.nbytes} of {header.total_len} bytes")
+    target = memoryview(out).cast("B")
+    if target.nbytes < header.raw_len:
+        raise BufferTooSmallError(
+            f"buffer of {target.nbytes} bytes cannot hold a {header.raw_len}-byte block"
+        )
+    stored = view[HEADER_SIZE : header.total_len]
+    n = get_codec(header.meta.codec).decode_into(stored, target, header.meta.dtype)
+    if n != header.raw_len:
+        raise CorruptBlockError(f"block decoded to {n} bytes, header says {header.raw_len}")
+    return header

@@ -1,0 +1,25 @@
+"""Typed errors shared by every room. Each message says what to do about it."""
+
+
+class KvtierError(Exception):
+    """Base of every error kvtier raises on purpose."""
+
+
+class SpecError(KvtierError, ValueError):
+    """A model, hardware or profile specification is unknown, malformed or impossible."""
+
+
+class ConfigError(KvtierError, ValueError):
+    """A configuration value (URL, size, option) is malformed or out of range."""
+
+
+class MissingExtraError(KvtierError, ImportError):
+    """A backend needs an optional dependency that is not installed."""
+
+    def __init__(self, what: str, extra: str, module: str):
+        super().__init__(
+            f"{what} needs the Python package '{module}'; install it with "
+            f"`pip install 'kvtier[{extra}]'`"
+        )
+        self.extra = extra
+        self.module = module

@@ -1,0 +1,147 @@
+"""The Tier contract: a few verbs over checksummed, self-describing blocks, plus batched forms.
+
+Every tier is opened for one namespace (16-byte id): a block of another namespace is never served.
+``get_into`` writes a block's raw payload into a caller-provided buffer. A block that fails its
+checks raises a :class:`~kvtier.codec.BlockError`; the cache counts it as a miss and deletes it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+from urllib.parse import parse_qs, urlparse
+
+from kvtier.codec import BlockError, BlockHeader, BlockMeta
+from kvtier.codec.container import RAW_META
+from kvtier.errors import ConfigError
+
+EvictionListener = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class TierCapabilities:
+    """What a tier can promise. The cache and the conformance suite read these flags."""
+
+    persistent: bool = False
+    shared: bool = False
+    verifies_checksum: bool = True
+    evicts: bool = True
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    """Bytes held (headers included), the capacity bound, and the number of blocks."""
+
+    used_bytes: int
+    capacity_bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class TierURL:
+    """A parsed tier URL: ``scheme://host/path?opt=value``."""
+
+    scheme: str
+    netloc: str
+    path: str
+    options: dict[str, str]
+
+    @classmethod
+    def parse(cls, url: str) -> TierURL:
+        parts = urlparse(url)
+        if not parts.scheme:
+            raise ConfigError(f"tier URL {url!r} has no scheme; e.g. memory://?size=8GiB")
+        opts = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        return cls(parts.scheme, parts.netloc, parts.path, opts)
+
+
+class Tier(ABC):
+    """One storage medium holding KV blocks for one namespace."""
+
+    scheme: ClassVar[str]
+    capabilities: ClassVar[TierCapabilities]
+
+    def __init__(self, namespace: bytes, name: str | None = None):
+        if len(namespace) != 16:
+            raise ConfigError("a tier needs the 16-byte namespace id (Namespace.id)")
+        self.namespace = namespace
+        self.name = name or self.scheme
+        self._eviction_listeners: list[EvictionListener] = []
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: TierURL, namespace: bytes) -> Tier:
+        """Open the tier a URL describes."""
+
+    # --- single-block verbs -------------------------------------------------------------
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether a block for ``key`` is held (not verified)."""
+
+    @abstractmethod
+    def get_into(self, key: bytes, out) -> BlockHeader | None:
+        """Decode the block for ``key`` into ``out``; None on a miss; BlockError if bad."""
+
+    @abstractmethod
+    def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
+        """Store a block; False when it was not admitted (too large, no room, admission filter)."""
+
+    @abstractmethod
+    def delete(self, key: bytes) -> bool:
+        """Remove a block; True if one was there."""
+
+    @abstractmethod
+    def usage(self) -> TierUsage:
+        """Current bytes, capacity and block count."""
+
+    @abstractmethod
+    def iter_keys(self) -> Iterator[bytes]:
+        """Keys of the blocks held now (a snapshot)."""
+
+    # --- batched forms (override where the medium can do better) -----------------------
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """``contains`` for many keys."""
+        return [self.contains(k) for k in keys]
+
+    def get_many_into(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        """``get_into`` for many keys; a bad block yields its BlockError in place, not a raise."""
+        results: list[BlockHeader | BlockError | None] = []
+        for key, out in zip(keys, outs, strict=True):
+            try:
+                results.append(self.get_into(key, out))
+            except BlockError as exc:
+                results.append(exc)
+        return results
+
+    def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        """``put`` for many (key, payload, meta) triples."""
+        return [self.put(k, p, m) for k, p, m in items]
+
+    def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """``delete`` for many keys."""
+        return [self.delete(k) for k in keys]
+
+    # --- life cycle ---------------------------------------------------------------------
+    def add_eviction_listener(self, listener: EvictionListener) -> None:
+        """Call ``listener(key)`` after the tier evicts a block to make room."""
+        self._eviction_listeners.append(listener)
+
+    def _notify_evicted(self, key: bytes) -> None:
+        for listener in self._eviction_listeners:
+            listener(key)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files, sockets and threads."""
+
+    def __enter__(self) -> Tier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,45 @@
+"""Tier registry by URL scheme, imported lazily so a missing backend library costs nothing."""
+
+from __future__ import annotations
+
+import importlib
+
+from kvtier.errors import ConfigError, MissingExtraError
+from kvtier.tiers.base import Tier, TierURL
+
+# scheme -> (module:class, extra to install, third-party module it needs)
+REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
+    "memory": ("kvtier.tiers.memory:MemoryTier", None, None),
+    "file": ("kvtier.tiers.disk:DiskTier", None, None),
+    "redis": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
+    "valkey": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
+    "s3": ("kvtier.tiers.s3:S3Tier", "s3", "boto3"),
+}
+
+
+def tier_class(scheme: str) -> type[Tier]:
+    """The Tier class registered for a URL scheme."""
+    try:
+        target, extra, needs = REGISTRY[scheme]
+    except KeyError:
+        raise ConfigError(
+            f"no tier for scheme {scheme!r}; known: {', '.join(sorted(REGISTRY))}"
+        ) from None
+    if needs is not None:
+        try:
+            importlib.import_module(needs)
+        except ImportError:
+            raise MissingExtraError(f"the {scheme}:// tier", extra or scheme, needs) from None
+    module, _, name = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("kvtier"):
+            raise ConfigError(f"the {scheme}:// tier is not available in this kvtier yet") from None
+        raise
+
+
+def open_tier(url: str, namespace: bytes) -> Tier:
+    """Open a tier from its URL, e.g. ``memory://?size=8GiB`` or ``file:///nvme/kv?size=200GiB``."""
+    parsed = TierURL.parse(url)
+    return tier_class(parsed.scheme).from_url(parsed, namespace)

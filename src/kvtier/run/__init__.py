@@ -1,0 +1,1 @@
+"""The main job: a realistic multi-session workload through a real model, kvtier vs recompute."""

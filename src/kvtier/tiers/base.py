@@ -18,6 +18,8 @@ from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError
 
 EvictionListener = Callable[[bytes], None]
+SpillListener = Callable[[bytes, memoryview, BlockMeta], None]
+PinPredicate = Callable[[bytes], bool]
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Tier(ABC):
         self.namespace = namespace
         self.name = name or self.scheme
         self._eviction_listeners: list[EvictionListener] = []
+        self._spill_listeners: list[SpillListener] = []
+        self._pinned: PinPredicate | None = None
 
     @classmethod
     @abstractmethod
@@ -133,6 +137,33 @@ class Tier(ABC):
     def _notify_evicted(self, key: bytes) -> None:
         for listener in self._eviction_listeners:
             listener(key)
+
+    def add_spill_listener(self, listener: SpillListener) -> None:
+        """Call ``listener(key, payload, meta)`` just BEFORE evicting a block (for write-back).
+
+        ``payload`` is a read-only view of the raw (decoded) bytes, valid only during the call;
+        the listener copies what it keeps, returns quickly and never calls back into this tier.
+        """
+        self._spill_listeners.append(listener)
+
+    @property
+    def spilling(self) -> bool:
+        """Whether anyone listens for spills (a tier may skip decoding victims when not)."""
+        return bool(self._spill_listeners)
+
+    def _notify_spilling(self, key: bytes, payload, meta: BlockMeta) -> None:
+        view = memoryview(payload).toreadonly()
+        for listener in self._spill_listeners:
+            listener(key, view, meta)
+
+    def set_pinned(self, pinned: PinPredicate | None) -> None:
+        """Install the predicate of pinned keys (the cache's leases): never evict those."""
+        self._pinned = pinned
+
+    def is_pinned(self, key: bytes) -> bool:
+        """Whether ``key`` is pinned; an evicting tier skips such victims (put may then fail)."""
+        pinned = self._pinned
+        return pinned is not None and pinned(key)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files, sockets and threads."""

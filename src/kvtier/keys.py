@@ -100,11 +100,18 @@ class ChunkKeyer:
 
         ``extra`` (LoRA id, multimodal hashes …) enters every key of the chain.
         """
-        tokens = np.ascontiguousarray(token_ids, dtype="<u4")
-        if tokens.ndim != 1:
+        raw = np.asarray(token_ids)
+        if raw.ndim != 1:
             raise ConfigError("token_ids must be one flat sequence")
-        salt = b"".join((e.encode() if isinstance(e, str) else bytes(e)) + b"\x1f" for e in extra)
-        prefix = self._ns + salt
+        if raw.size and raw.dtype != np.dtype("<u4"):
+            # a silent wrap (-1 → 2**32-1, 1.7 → 1) would let two token sequences share a key
+            if raw.dtype.kind not in "ui" or raw.min() < 0 or raw.max() > 0xFFFFFFFF:
+                raise ConfigError("token_ids must be integers in [0, 2**32); got out-of-range ids")
+        tokens = np.ascontiguousarray(raw, dtype="<u4")
+        # Length-prefixed, so no choice of extra keys can shift bytes into the chunk's tokens.
+        parts = [e.encode() if isinstance(e, str) else bytes(e) for e in extra]
+        salt = b"".join(len(p).to_bytes(4, "little") + p for p in parts)
+        prefix = self._ns + len(parts).to_bytes(4, "little") + salt
         parent = ROOT
         out: list[bytes] = []
         for i in range(self.chunk_count(len(tokens), partial)):

@@ -103,10 +103,13 @@ class ChunkKeyer:
         raw = np.asarray(token_ids)
         if raw.ndim != 1:
             raise ConfigError("token_ids must be one flat sequence")
-        if raw.size and raw.dtype != np.dtype("<u4"):
-            # a silent wrap (-1 → 2**32-1, 1.7 → 1) would let two token sequences share a key
-            if raw.dtype.kind not in "ui" or raw.min() < 0 or raw.max() > 0xFFFFFFFF:
-                raise ConfigError("token_ids must be integers in [0, 2**32); got out-of-range ids")
+        # a silent wrap (-1 → 2**32-1, 1.7 → 1) would let two token sequences share a key
+        if (
+            raw.size
+            and raw.dtype != np.dtype("<u4")
+            and (raw.dtype.kind not in "ui" or raw.min() < 0 or raw.max() > 0xFFFFFFFF)
+        ):
+            raise ConfigError("token_ids must be integers in [0, 2**32); got out-of-range ids")
         tokens = np.ascontiguousarray(raw, dtype="<u4")
         # Length-prefixed, so no choice of extra keys can shift bytes into the chunk's tokens.
         parts = [e.encode() if isinstance(e, str) else bytes(e) for e in extra]

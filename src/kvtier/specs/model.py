@@ -91,9 +91,10 @@ class ModelSpec:
         × dtype bytes, replicated on every rank.
         """
         size = dtype_bytes(self.kv_dtype)
+        per_rank_heads = self.kv_heads_per_rank(tp)  # also checks tp
         if self.attention == "mla":
             return self.layers * (self.kv_lora_rank + self.rope_dim) * size
-        return 2 * self.layers * self.kv_heads_per_rank(tp) * self.head_dim * size
+        return 2 * self.layers * per_rank_heads * self.head_dim * size
 
     def kv_bytes_total_per_token(self, tp: int = 1) -> float:
         """KV bytes one token occupies summed over all ranks."""
@@ -198,22 +199,21 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"no config file at {path}") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{path} does not hold a JSON object")
     cfg = cfg.get("text_config", cfg)
-    try:
-        hidden = int(cfg["hidden_size"])
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(
-            f"{path} lacks a usable field {exc}; is it a decoder-only LM config?"
-        ) from None
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    total, active = _estimate_params(cfg, hidden, layers, heads, kv, head_dim)
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: text_config does not hold a JSON object")
+    hidden = _int_field(cfg, path, "hidden_size")
+    layers = _int_field(cfg, path, "num_hidden_layers")
+    heads = _int_field(cfg, path, "num_attention_heads")
+    kv = _int_field(cfg, path, "num_key_value_heads", heads)
+    head_dim = _int_field(cfg, path, "head_dim", max(1, hidden // heads))
+    total, active = _estimate_params(cfg, path, hidden, layers, heads, kv, head_dim)
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(
         str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), "bf16"
     )
@@ -222,7 +222,7 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
         active_params=active if active < total else None,
         kv_dtype=dtype,
         weight_dtype=dtype,
-        max_context=int(cfg.get("max_position_embeddings") or 131072),
+        max_context=_int_field(cfg, path, "max_position_embeddings", 131072),
     )
     label = name or str(cfg.get("_name_or_path") or path.parent.name or "hf-model")
     if cfg.get("kv_lora_rank"):
@@ -231,11 +231,11 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
             layers,
             heads,
             heads,
-            int(cfg.get("qk_nope_head_dim") or head_dim),
+            _int_field(cfg, path, "qk_nope_head_dim", head_dim),
             attention="mla",
-            kv_lora_rank=int(cfg["kv_lora_rank"]),
-            rope_dim=int(cfg.get("qk_rope_head_dim") or 0),
-            v_head_dim=int(cfg.get("v_head_dim") or head_dim),
+            kv_lora_rank=_int_field(cfg, path, "kv_lora_rank"),
+            rope_dim=_int_field(cfg, path, "qk_rope_head_dim", 0, positive=False),
+            v_head_dim=_int_field(cfg, path, "v_head_dim", head_dim),
             **common,
         )
     return ModelSpec(
@@ -243,29 +243,54 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
     )
 
 
+def _int_field(
+    cfg: dict, path: Path, key: str, default: int | None = None, positive: bool = True
+) -> int:
+    """An integer field of a config; a missing/null one takes ``default`` (None: required)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise SpecError(f"{path} lacks the field {key!r}; is it a decoder-only LM config?")
+        return default
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value == int(value)
+    if not ok or int(value) < (1 if positive else 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise SpecError(f"{path}: field {key!r} must be {kind} integer, got {value!r}")
+    return int(value)
+
+
 def _estimate_params(
-    cfg: dict, hidden: int, layers: int, heads: int, kv: int, head_dim: int
+    cfg: dict, path: Path, hidden: int, layers: int, heads: int, kv: int, head_dim: int
 ) -> tuple[float, float]:
     """(total, active) parameters of a Llama/Qwen/Mixtral/DeepSeek-style config, from its shapes."""
-    vocab = int(cfg.get("vocab_size") or 32000)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
-    experts = int(
-        cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
-    )
-    if experts:
-        per_tok = int(cfg.get("num_experts_per_tok") or 2)
-        expert = 3 * hidden * int(cfg.get("moe_intermediate_size") or inter)
-        shared = (
-            3
-            * hidden
-            * int(cfg.get("moe_intermediate_size") or inter)
-            * int(cfg.get("n_shared_experts") or 0)
-        )
-        mlp_total, mlp_active = experts * expert + shared, per_tok * expert + shared
+    vocab = _int_field(cfg, path, "vocab_size", 32000)
+    inter = _int_field(cfg, path, "intermediate_size", 4 * hidden)
+    kv_lora = _int_field(cfg, path, "kv_lora_rank", 0, positive=False)
+    if kv_lora:  # MLA: low-rank query (optional) and a shared KV latent
+        nope = _int_field(cfg, path, "qk_nope_head_dim", head_dim)
+        rope = _int_field(cfg, path, "qk_rope_head_dim", 0, positive=False)
+        v_dim = _int_field(cfg, path, "v_head_dim", head_dim)
+        q_lora = _int_field(cfg, path, "q_lora_rank", 0, positive=False)
+        qk = nope + rope
+        q = hidden * q_lora + q_lora * heads * qk if q_lora else hidden * heads * qk
+        attn = q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim)
+        attn += heads * v_dim * hidden
     else:
-        mlp_total = mlp_active = 3 * hidden * inter
+        attn = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2
+    experts = 0
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        experts = experts or _int_field(cfg, path, key, 0, positive=False)
+    dense_mlp = 3 * hidden * inter
+    dense_layers = layers
+    mlp_total = mlp_active = 0
+    if experts:
+        per_tok = _int_field(cfg, path, "num_experts_per_tok", 2)
+        expert = 3 * hidden * _int_field(cfg, path, "moe_intermediate_size", inter)
+        shared = expert * _int_field(cfg, path, "n_shared_experts", 0, positive=False)
+        mlp_total, mlp_active = experts * expert + shared, per_tok * expert + shared
+        dense_layers = min(layers, _int_field(cfg, path, "first_k_dense_replace", 0, False))
+    moe_layers = layers - dense_layers
     embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    total = embed + layers * (attn + mlp_total)
-    active = embed + layers * (attn + mlp_active)
+    total = embed + layers * attn + dense_layers * dense_mlp + moe_layers * mlp_total
+    active = embed + layers * attn + dense_layers * dense_mlp + moe_layers * mlp_active
     return float(total), float(active)

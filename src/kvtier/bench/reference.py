@@ -1,0 +1,73 @@
+"""The memory reference: plain copies between preallocated buffers, driven like a tier pass.
+
+A "read" copies block ``i`` of a pre-touched pool into the worker's output buffer (what a
+memory tier's ``get_into`` must do at least); a "write" copies the worker's payload into block
+``i`` of the pool. ``numpy.copyto`` releases the GIL, so threads copy in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvtier.bench.driver import PassPlan, run_pass
+from kvtier.bench.stats import PassResult
+
+
+class WorkerBuffers:
+    """``batch`` preallocated, pre-touched block buffers per thread, grown on demand."""
+
+    def __init__(self, item_bytes: int, batch: int, fill: int = 2):
+        self.item_bytes = item_bytes
+        self.batch = batch
+        self.fill = fill
+        self._buffers: list[list[np.ndarray]] = []
+
+    def ensure(self, threads: int) -> list[list[np.ndarray]]:
+        """Buffers for at least ``threads`` threads."""
+        while len(self._buffers) < threads:
+            self._buffers.append(
+                [np.full(self.item_bytes, self.fill, dtype=np.uint8) for _ in range(self.batch)]
+            )
+        return self._buffers
+
+    def clear(self) -> None:
+        """Free every buffer."""
+        self._buffers = []
+
+
+class CopyReference:
+    """A pool of ``items`` blocks of ``item_bytes`` plus per-thread buffers."""
+
+    def __init__(self, items: int, item_bytes: int, batch: int = 1):
+        self.pool = np.empty((items, item_bytes), dtype=np.uint8)
+        self.pool.fill(1)  # touch every page before timing
+        self.buffers = WorkerBuffers(item_bytes, batch)
+
+    def read(self, plan: PassPlan) -> PassResult:
+        """Copy pool blocks into the threads' buffers."""
+        pool, buffers = self.pool, self.buffers.ensure(plan.threads)
+
+        def work(worker: int, indices: Sequence[int]) -> None:
+            outs = buffers[worker]
+            for j, i in enumerate(indices):
+                np.copyto(outs[j], pool[i])
+
+        return run_pass(plan, work)
+
+    def write(self, plan: PassPlan) -> PassResult:
+        """Copy the threads' buffers into pool blocks."""
+        pool, buffers = self.pool, self.buffers.ensure(plan.threads)
+
+        def work(worker: int, indices: Sequence[int]) -> None:
+            src = buffers[worker]
+            for j, i in enumerate(indices):
+                np.copyto(pool[i], src[j])
+
+        return run_pass(plan, work)
+
+    def close(self) -> None:
+        """Free the pool and the buffers."""
+        self.pool = np.empty((0, 0), dtype=np.uint8)
+        self.buffers.clear()

@@ -1,0 +1,65 @@
+"""Latency and throughput summaries shared by every benchmark."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Per-request latency in seconds: count, mean, p50/p95/p99 and max."""
+
+    count: int
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+    @classmethod
+    def from_samples(cls, seconds: Sequence[float] | np.ndarray) -> LatencyStats:
+        """Summarize raw samples (seconds); an empty sample gives all zeros."""
+        a = np.asarray(seconds, dtype=np.float64)
+        if a.size == 0:
+            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        p50, p95, p99 = np.percentile(a, [50, 95, 99])
+        return cls(int(a.size), float(a.mean()), float(p50), float(p95), float(p99), float(a.max()))
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One timed pass: bytes moved, wall seconds, and the latency of each request."""
+
+    bytes: int
+    seconds: float
+    requests: int
+    latency: LatencyStats
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second over the whole pass."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def gbps(self) -> float:
+        """Decimal GB/s (1e9 bytes per second), the unit fio and MLPerf Storage report."""
+        return self.bandwidth / GB
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return {
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "requests": self.requests,
+            "gbps": self.gbps,
+            "latency_s": self.latency.as_dict(),
+        }

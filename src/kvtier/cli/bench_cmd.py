@@ -1,0 +1,137 @@
+"""``kvtier bench …``: measured benchmarks, one sub-command each.
+
+``storage`` lives here. To add another (``bench codec``, ``bench ttft`` …) either add a
+function below and register it in ``make_bench_app``, or create a module
+``kvtier/cli/bench_<name>_cmd.py`` with ``register_bench(bench: typer.Typer)``: such modules
+are found and registered automatically. Keep heavy imports inside the command functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtier.errors import ConfigError
+
+HELP = "Measured benchmarks: storage tiers against fio / memcpy, codecs, end-to-end TTFT."
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` → ``(1, 4, 16)``."""
+    try:
+        depths = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(f"cannot read depths {text!r}; write e.g. 1,4,16") from None
+    if not depths or min(depths) < 1:
+        raise ConfigError(f"depths must be positive integers, got {text!r}")
+    return depths
+
+
+def storage(
+    tier: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tier",
+            help="Tier URL to measure (repeatable), e.g. 'memory://?size=2GiB' or "
+            "'file:///nvme/kvbench?size=4GiB'. Default: memory + a disk tier in --dir.",
+        ),
+    ] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Directory of the default disk tier [./.kvtier/bench]."),
+    ] = None,
+    model: Annotated[str, typer.Option(help="Model preset whose KV shapes the blocks.")] = (
+        "smollm2-135m"
+    ),
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per block (chunk).")] = 256,
+    block_size: Annotated[
+        str | None, typer.Option(help="Block size override, e.g. 1MiB (instead of model × chunk).")
+    ] = None,
+    depth: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,4,16",
+    data_size: Annotated[
+        str, typer.Option(help="Bytes written and read back per tier and depth.")
+    ] = "512MiB",
+    batch: Annotated[int, typer.Option(help="Blocks per get_many_into/put_many request.")] = 1,
+    min_read_seconds: Annotated[
+        float, typer.Option(help="Repeat read passes until they last this long.")
+    ] = 0.3,
+    fio: Annotated[bool, typer.Option(help="Run fio as the disk reference when installed.")] = True,
+    lookup: Annotated[
+        bool, typer.Option(help="Time TieredCache.lookup of a 512-chunk prefix.")
+    ] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Save a PNG bar chart here.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
+) -> None:
+    """Write then read KV-shaped blocks through each tier at several depths, next to fio/memcpy."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvtier.bench.report import storage_json, storage_plot, storage_table
+    from kvtier.bench.storage import StorageBench, StorageBenchConfig, default_tier_urls
+    from kvtier.specs import parse_size
+
+    size = parse_size(data_size)
+    config = StorageBenchConfig(
+        tiers=tuple(tier or default_tier_urls(directory, size)),
+        model=model,
+        chunk_tokens=chunk_tokens,
+        block_size=parse_size(block_size) if block_size else None,
+        depths=parse_depths(depth),
+        data_size=size,
+        batch=batch,
+        min_read_seconds=min_read_seconds,
+        fio=fio,
+        lookup=lookup,
+    )
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        bench = StorageBench(config)
+        task = progress.add_task("bench storage", total=bench.steps())
+        bench.on_step = lambda label: progress.update(task, advance=1, description=label)
+        report = bench.run()
+    if json_out:
+        typer.echo(storage_json(report))
+    else:
+        Console().print(storage_table(report))
+    if plot is not None:
+        saved = storage_plot(report, plot)
+        err.print(f"plot saved to {saved}")
+    missed = [m for m in report.measurements if m.verdict == "MISS"]
+    if report.lookup is not None and report.lookup.verdict == "MISS":
+        missed.append(report.lookup)
+    if strict and missed:
+        raise typer.Exit(1)
+
+
+def make_bench_app() -> typer.Typer:
+    """The ``bench`` sub-app with every benchmark command registered."""
+    bench = typer.Typer(name="bench", help=HELP, no_args_is_help=True)
+    bench.command("storage")(storage)
+    import kvtier.cli as cli_pkg
+
+    for info in pkgutil.iter_modules(cli_pkg.__path__):
+        if (
+            info.name != "bench_cmd"
+            and info.name.startswith("bench_")
+            and info.name.endswith("_cmd")
+        ):
+            module = importlib.import_module(f"kvtier.cli.{info.name}")
+            module.register_bench(bench)
+    return bench
+
+
+def register(cli: typer.Typer) -> None:
+    """Add ``kvtier bench`` to the main app."""
+    cli.add_typer(make_bench_app(), name="bench")

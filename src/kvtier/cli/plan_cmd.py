@@ -1,0 +1,214 @@
+"""``kvtier plan``: where the memory wall hits, what spills where, and which tier pays back.
+
+Imports only typer/rich and kvtier's specs/cost/plan at module level; matplotlib is loaded
+only with ``--plot``. Bad input raises ConfigError/SpecError (one line, exit 2, in cli.main).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtier.errors import ConfigError
+
+DEFAULT_DRAM = "256GB"
+DEFAULT_NVME = "3.84TB"
+DEFAULT_NVME_TYPE = "nvme-gen4"
+
+_TOKENS = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+
+
+def parse_tokens(text: str, what: str = "--context") -> int:
+    """A token count: ``131072``, ``128k`` (×1024) or ``1M`` (×1024²)."""
+    match = _TOKENS.match(str(text))
+    if not match:
+        raise ConfigError(f"{what}: cannot read {text!r}; write a token count like 131072 or 128k")
+    scale = {"": 1, "k": 1024, "m": 1024**2}[match.group(2).lower()]
+    value = int(match.group(1)) * scale
+    if value < 1:
+        raise ConfigError(f"{what} must be at least 1 token")
+    return value
+
+
+def _size(text: str, what: str) -> float:
+    from kvtier.specs.units import parse_size
+
+    try:
+        return float(parse_size(text))
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def plan_command(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Preset name or path of a HF config.json.")
+    ] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU preset or profile entry.")] = "h100",
+    gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs (tensor parallel size).")] = 1,
+    context: Annotated[
+        str, typer.Option("--context", "-c", help="Tokens per request: 131072, 128k, 1M.")
+    ] = "131072",
+    concurrency: Annotated[
+        str,
+        typer.Option(
+            "--concurrency",
+            "-C",
+            help="N, A,B,C, A:B (powers of two + overflow points) or A:B:STEP.",
+        ),
+    ] = "1:64",
+    reuse: Annotated[
+        float, typer.Option("--reuse", help="Fraction of each prompt that is a cached prefix.")
+    ] = 0.9,
+    output_tokens: Annotated[
+        int, typer.Option("--output-tokens", help="Tokens decoded per request.")
+    ] = 256,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", help="Requests/s (default: the GPUs' closed-loop throughput)."),
+    ] = None,
+    dram: Annotated[
+        str, typer.Option("--dram", help="DRAM tier size for KV on the host (0: none).")
+    ] = DEFAULT_DRAM,
+    nvme: Annotated[str, typer.Option("--nvme", help="NVMe tier size (0: none).")] = DEFAULT_NVME,
+    nvme_type: Annotated[
+        str, typer.Option("--nvme-type", help="Storage preset of the NVMe tier.")
+    ] = DEFAULT_NVME_TYPE,
+    shared: Annotated[
+        str,
+        typer.Option("--shared", help="Shared tier NAME[:SIZE], e.g. redis:1TB, net-100g."),
+    ] = "none",
+    link: Annotated[
+        str | None, typer.Option("--link", help="Host link preset (default: the GPU's).")
+    ] = None,
+    codec_ratio: Annotated[
+        float, typer.Option("--codec-ratio", help="Compression raw/stored on NVMe and shared.")
+    ] = 1.0,
+    codec_bandwidth: Annotated[
+        str | None,
+        typer.Option("--codec-bandwidth", help="Decode rate per second, raw bytes (e.g. 8GB)."),
+    ] = None,
+    kv_dtype: Annotated[
+        str | None, typer.Option("--kv-dtype", help="KV dtype: bf16, fp16, fp8.")
+    ] = None,
+    weight_dtype: Annotated[
+        str | None, typer.Option("--weight-dtype", help="Weight dtype: bf16, fp8, int4.")
+    ] = None,
+    mfu: Annotated[float, typer.Option("--mfu", help="Prefill FLOP utilisation.")] = 0.5,
+    mbu: Annotated[float, typer.Option("--mbu", help="Decode HBM bandwidth utilisation.")] = 0.8,
+    reserve: Annotated[
+        str,
+        typer.Option(
+            "--reserve",
+            help="HBM kept from KV per GPU for CUDA context, graphs, activations, "
+            "fragmentation: 10%, 0.1 or 8GiB.",
+        ),
+    ] = "10%",
+    lengths: Annotated[
+        str | None,
+        typer.Option("--lengths", help="Prefix lengths to compare, e.g. 1k,8k,32k."),
+    ] = None,
+    nvme_writes: Annotated[
+        str,
+        typer.Option(
+            "--nvme-writes", help="spill: sessions living on NVMe write; through: every request."
+        ),
+    ] = "spill",
+    profile: Annotated[
+        Path | None, typer.Option("--profile", help="TOML/YAML file of user models/hardware.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also write a PNG with three panels.")
+    ] = None,
+) -> None:
+    """Where KV overflows HBM as concurrency rises, what spills to each tier, and its cost."""
+    from kvtier.plan import (
+        PlanRequest,
+        TierSpec,
+        parse_concurrency,
+        parse_reserve,
+        parse_shared,
+        plan,
+    )
+    from kvtier.specs import get_gpu, get_link, get_model, get_storage, load_profile
+
+    prof = load_profile(profile) if profile else None
+    spec = get_model(model, kv_dtype, weight_dtype, extra=prof.models if prof else None)
+    device = get_gpu(gpu, extra=prof.gpus if prof else None)
+    host_link = get_link(link or device.host_link, extra=prof.links if prof else None)
+    storage_extra = prof.storage if prof else None
+    if nvme_writes not in ("spill", "through"):
+        raise ConfigError(f"--nvme-writes is spill or through, not {nvme_writes!r}")
+    if codec_ratio <= 0:
+        raise ConfigError(f"--codec-ratio must be positive, got {codec_ratio}")
+    decode_bw = _size(codec_bandwidth, "--codec-bandwidth") if codec_bandwidth else None
+    if decode_bw is not None and decode_bw <= 0:
+        raise ConfigError("--codec-bandwidth must be positive")
+
+    tiers = []
+    dram_bytes = _size(dram, "--dram")
+    if dram_bytes:
+        tiers.append(TierSpec("dram", get_storage("dram", storage_extra), dram_bytes))
+    nvme_bytes = _size(nvme, "--nvme")
+    if nvme_bytes:
+        medium = get_storage(nvme_type, storage_extra)
+        tiers.append(TierSpec("nvme", medium, nvme_bytes, codec_ratio, decode_bw))
+    shared_tier = parse_shared(shared)
+    if shared_tier:
+        name, size = shared_tier
+        medium = get_storage(name, storage_extra)
+        tiers.append(TierSpec("shared", medium, size, codec_ratio, decode_bw))
+
+    values, is_range = parse_concurrency(concurrency)
+    fraction, reserve_bytes = parse_reserve(reserve)
+    prefix_lengths = (
+        tuple(sorted({parse_tokens(x, "--lengths") for x in lengths.split(",")})) if lengths else ()
+    )
+    req = PlanRequest(
+        model=spec,
+        gpu=device,
+        link=host_link,
+        gpus=gpus,
+        context=parse_tokens(context),
+        concurrency=values,
+        add_breakpoints=is_range,
+        prefix_reuse=reuse,
+        output_tokens=output_tokens,
+        tiers=tuple(tiers),
+        request_rate=rate,
+        reserve_fraction=fraction,
+        reserve_bytes=reserve_bytes,
+        mfu=mfu,
+        mbu=mbu,
+        prefix_lengths=prefix_lengths,
+        nvme_writes=nvme_writes,  # type: ignore[arg-type]
+    )
+    result = plan(req)
+
+    if plot is not None:
+        from kvtier.plan.plot import write_plot
+
+        write_plot(result, req, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
+    from kvtier.plan.report import render
+
+    render(result, console)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+def register(cli: typer.Typer) -> None:
+    """Add ``kvtier plan`` to the CLI."""
+    cli.command("plan")(plan_command)

@@ -1,0 +1,31 @@
+"""Capacity planner: the memory-wall sequence for a model × hardware × context × concurrency."""
+
+from kvtier.plan.inputs import parse_concurrency, parse_reserve, parse_shared
+from kvtier.plan.planner import (
+    DEFAULT_RESERVE_FRACTION,
+    Capacity,
+    Event,
+    Plan,
+    PlanRequest,
+    Row,
+    TierReport,
+    TierSpec,
+    default_prefix_lengths,
+    plan,
+)
+
+__all__ = [
+    "DEFAULT_RESERVE_FRACTION",
+    "Capacity",
+    "Event",
+    "Plan",
+    "PlanRequest",
+    "Row",
+    "TierReport",
+    "TierSpec",
+    "default_prefix_lengths",
+    "parse_concurrency",
+    "parse_reserve",
+    "parse_shared",
+    "plan",
+]

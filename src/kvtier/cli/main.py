@@ -44,8 +44,13 @@ def app() -> None:
         sys.exit(130)
     except Exception as exc:  # click usage errors carry their own exit code
         import click
+        from typer.exceptions import TyperException  # typer >= 0.2x vendors its own click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if isinstance(exc, click.ClickException | TyperException):
+            show = getattr(exc, "show", None)
+            if show is not None:
+                show()
+            else:
+                typer.secho(f"error: {exc.format_message()}", err=True, fg=typer.colors.RED)
             sys.exit(exc.exit_code)
         raise

@@ -58,7 +58,7 @@ def plan_command(
         typer.Option(
             "--concurrency",
             "-C",
-            help="N, A,B,C, A:B (powers of two + overflow points) or A:B:STEP.",
+            help="N, A,B,C, LO:HI (powers of two + overflow points) or LO:HI:STEP.",
         ),
     ] = "1:64",
     reuse: Annotated[

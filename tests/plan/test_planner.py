@@ -52,6 +52,7 @@ def test_hbm_overflows_where_the_budget_says(model, gpus, overflow):
     assert overflow - 1 in rows and overflow in rows  # exact points added to the range
     assert rows[overflow - 1].hbm_share == 1 and sum(rows[overflow - 1].spill_bytes.values()) == 0
     assert rows[overflow].hbm_share < 1 and rows[overflow].spill_bytes["dram"] > 0
+    assert rows[overflow - 1].max_context_in_hbm >= CTX > rows[overflow].max_context_in_hbm
     first = result.events[0]
     assert (first.kind, first.concurrency) == ("hbm-overflow", overflow)
 

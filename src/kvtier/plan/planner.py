@@ -132,6 +132,7 @@ class Row:
     spill_bytes: dict[str, float]
     unplaced_bytes: float
     hbm_share: float
+    max_context_in_hbm: int
     running_batch: int
     wait_s_per_request: float
     gpu_s_per_request: float
@@ -346,6 +347,7 @@ class _Planner:
             spill_bytes=spill,
             unplaced_bytes=rest,
             hbm_share=hbm / demand,
+            max_context_in_hbm=cap.kv_pool_tokens // c,
             running_batch=batch,
             wait_s_per_request=wait,
             gpu_s_per_request=gpu,

@@ -57,6 +57,12 @@ def render(result: Plan, console: Console) -> None:
         f"{gb(cap.kv_bytes_per_request_total)} over all GPUs at {i['context']:,} tokens",
     )
     mem.add_row(
+        "longest context that fits",
+        f"{cap.kv_pool_tokens:,}",
+        f"tokens at concurrency 1; {cap.kv_pool_tokens // max(i['concurrency']):,} at "
+        f"{max(i['concurrency'])}",
+    )
+    mem.add_row(
         "largest concurrency that fits",
         f"[bold]{cap.max_concurrency}[/bold]",
         f"KV overflows HBM at {cap.overflow_concurrency}",

@@ -1,1 +1,1 @@
-"""Shared fixtures. Services (Redis, S3) and the model are started/loaded by fixtures that need them."""
+"""Shared fixtures; services (Redis, S3) and the model are started by the fixtures needing them."""

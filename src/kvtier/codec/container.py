@@ -166,6 +166,26 @@ def verify(view: memoryview, header: BlockHeader) -> None:
         raise CorruptBlockError("block checksum mismatch")
 
 
+def verify_parts(header_buf, parts, header: BlockHeader) -> None:
+    """Check the checksum of a block whose stored payload lies in several buffers, in order.
+
+    For tiers that keep the header apart from the payload (e.g. a disk page layout) or read a
+    payload straight into the caller's buffer; raises CorruptBlockError like :func:`verify`.
+    """
+    view = memoryview(header_buf).cast("B")
+    h = xxhash.xxh3_64(view[:_CHECKSUM_OFFSET])
+    h.update(b"\x00" * 8)
+    h.update(view[_CHECKSUM_OFFSET + 8 : HEADER_SIZE])
+    n = 0
+    for part in parts:
+        h.update(part)
+        n += memoryview(part).nbytes
+    if n != header.stored_len:
+        raise CorruptBlockError(f"block truncated: {n} of {header.stored_len} payload bytes")
+    if h.intdigest() != header.checksum:
+        raise CorruptBlockError("block checksum mismatch")
+
+
 def unpack_into(
     buf, out, namespace: bytes | None = None, key: bytes | None = None, check: bool = True
 ) -> BlockHeader:

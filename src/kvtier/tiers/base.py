@@ -34,11 +34,16 @@ class TierCapabilities:
 
 @dataclass(frozen=True)
 class TierUsage:
-    """Bytes held (headers included), the capacity bound, and the number of blocks."""
+    """Bytes held (headers included), the capacity bound, and the number of blocks.
+
+    ``notes`` carries warnings worth showing an operator (e.g. a disk tier that fell back to
+    buffered I/O because its filesystem refuses O_DIRECT).
+    """
 
     used_bytes: int
     capacity_bytes: int
     blocks: int
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

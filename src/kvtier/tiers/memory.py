@@ -1,0 +1,342 @@
+"""Host DRAM tier: blocks in a preallocated slab arena, one memcpy per read.
+
+Every block (its 128-byte header, then the stored payload) lives in fixed-size slots of one
+arena (see ``_slab``): the slot size comes from ``slot=`` or, by default, from the first block
+put (rounded up to 4 KiB), so same-sized KV chunks take one slot each and a block that is larger
+spans several. Slots are reused: no buffer is allocated per block on the hot path.
+
+A read copies straight from the slot into the caller's buffer. The tier lock is held only to
+look the block up and pin it; the copy runs unlocked (numpy releases the GIL for it), and a slot
+whose block was replaced or evicted meanwhile is freed when its last reader unpins it. Process
+memory is trusted, so the payload checksum is not recomputed on a read
+(``verifies_checksum=False``), but the stored header is compared with the one written, so a
+block of another namespace or key, or a damaged header, is never served.
+
+With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
+host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier.codec import (
+    HEADER_SIZE,
+    BlockError,
+    BlockHeader,
+    BlockMeta,
+    BufferTooSmallError,
+    CorruptBlockError,
+    get_codec,
+    pack_block,
+    parse_header,
+)
+from kvtier.codec.container import RAW_META
+from kvtier.errors import ConfigError
+from kvtier.policy.eviction import make_policy
+from kvtier.specs import parse_size
+from kvtier.tiers._aligned import PAGE, align_up
+from kvtier.tiers._slab import SlabArena, pinned_available
+from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
+
+_U8 = np.dtype(np.uint8)
+
+
+@dataclass(slots=True, eq=False)
+class _Block:
+    slots: list[int]
+    header: BlockHeader
+    header_bytes: bytes
+    head: np.ndarray  # the header as stored in the first slot
+    parts: list[np.ndarray]  # the stored payload, in order, as views of the slots
+    simple: bool  # raw payload in one slot: a read is a single copy
+    pins: int = 0  # readers copying out of the slots right now
+    dead: bool = False  # dropped while pinned: the last reader frees the slots
+
+
+class MemoryTier(Tier):
+    """Blocks in host memory, bounded by ``capacity`` bytes of slots."""
+
+    scheme = "memory"
+    capabilities = TierCapabilities(persistent=False, shared=False, verifies_checksum=False)
+
+    def __init__(
+        self,
+        namespace: bytes,
+        capacity: int,
+        *,
+        eviction: str = "lru",
+        slot_size: int | None = None,
+        pin: bool | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(namespace, name or "memory")
+        if capacity <= 0:
+            raise ConfigError(f"memory tier capacity must be positive, got {capacity}")
+        if slot_size is not None and not 0 < slot_size <= capacity:
+            raise ConfigError(f"slot size {slot_size} must be between 1 byte and the capacity")
+        if pin and not _cuda_for_pinning():
+            raise ConfigError("pin=1 needs torch with CUDA; use pin=0 or pin=auto")
+        self.capacity = capacity
+        self.pinned = pinned_available() if pin is None else bool(pin)
+        self._slot_size = align_up(slot_size, 64) if slot_size else None
+        self._lock = threading.Lock()
+        self._policy = make_policy(eviction)
+        self._index: dict[bytes, _Block] = {}
+        self._arena: SlabArena | None = None
+        if self._slot_size:
+            self._arena = SlabArena(capacity, self._slot_size, self.pinned)
+
+    @classmethod
+    def from_url(cls, url: TierURL, namespace: bytes) -> MemoryTier:
+        """``memory://?size=8GiB[&eviction=lru|arc|cost][&slot=1MiB][&pin=auto|1|0]``."""
+        opts = url.options
+        if "size" not in opts:
+            raise ConfigError("memory:// tier URL needs ?size=..., e.g. memory://?size=8GiB")
+        unknown = sorted(set(opts) - {"size", "eviction", "slot", "pin", "name"})
+        if unknown:
+            raise ConfigError(
+                f"unknown memory:// tier option(s) {unknown}; "
+                "known: eviction, name, pin, size, slot"
+            )
+        pin = opts.get("pin", "auto").strip().lower()
+        if pin not in ("auto", "", "1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ConfigError(f"memory:// option pin={pin!r}: use 1, 0 or auto")
+        return cls(
+            namespace,
+            parse_size(opts["size"]),
+            eviction=opts.get("eviction", "lru"),
+            slot_size=parse_size(opts["slot"]) if opts.get("slot") else None,
+            pin=None if pin in ("auto", "") else pin in ("1", "true", "yes", "on"),
+            name=opts.get("name"),
+        )
+
+    # --- verbs -------------------------------------------------------------------------------
+    def contains(self, key: bytes) -> bool:
+        return key in self._index
+
+    def get_into(self, key: bytes, out) -> BlockHeader | None:
+        with self._lock:
+            block = self._index.get(key)
+            if block is None:
+                return None
+            block.pins += 1
+            self._policy.touch(key)
+        try:
+            return self._copy_out(key, block, out)
+        finally:
+            with self._lock:
+                self._unpin_locked(block)
+
+    def get_many_into(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
+        if len(keys) == 1:
+            try:
+                return [self.get_into(keys[0], outs[0])]
+            except BlockError as exc:
+                return [exc]
+        index, touch = self._index, self._policy.touch
+        with self._lock:  # one lock round trip for the whole batch
+            blocks = [index.get(k) for k in keys]
+            for key, block in zip(keys, blocks, strict=True):
+                if block is not None:
+                    block.pins += 1
+                    touch(key)
+        results: list[BlockHeader | BlockError | None] = [None] * len(keys)
+        try:
+            for i, block in enumerate(blocks):
+                if block is not None:
+                    try:
+                        results[i] = self._copy_out(keys[i], block, outs[i])
+                    except BlockError as exc:
+                        results[i] = exc
+        finally:
+            with self._lock:
+                for block in blocks:
+                    if block is not None:
+                        self._unpin_locked(block)
+        return results
+
+    def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
+        header_bytes, stored = pack_block(self.namespace, key, payload, meta)
+        total = HEADER_SIZE + stored.nbytes
+        evicted: list[bytes] = []
+        try:
+            with self._lock:
+                arena = self._arena or self._make_arena(total)
+                need = max(1, -(-total // arena.slot_size))
+                slots = self._alloc_locked(arena, need, evicted)
+            if slots is None:
+                return False
+            block = self._copy_in(arena, slots, header_bytes, stored)
+            with self._lock:
+                old = self._index.get(key)
+                self._index[key] = block
+                if old is not None:
+                    self._policy.remove(key)
+                    self._release_locked(old)
+                self._policy.insert(key, need * arena.slot_size)
+            return True
+        finally:
+            for victim in evicted:
+                self._notify_evicted(victim)
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            block = self._index.pop(key, None)
+            if block is None:
+                return False
+            self._policy.remove(key)
+            self._release_locked(block)
+            return True
+
+    def usage(self) -> TierUsage:
+        with self._lock:
+            arena = self._arena
+            used = arena.held_slots * arena.slot_size if arena else 0
+            return TierUsage(used, self.capacity, len(self._index))
+
+    def iter_keys(self) -> Iterator[bytes]:
+        with self._lock:
+            keys = list(self._index)
+        return iter(keys)
+
+    def close(self) -> None:
+        with self._lock:
+            self._index.clear()
+            self._arena = None
+            self._policy = make_policy("lru")
+
+    # --- introspection -----------------------------------------------------------------------
+    @property
+    def slot_size(self) -> int | None:
+        """Bytes per slot (None until the first put when no ``slot=`` was given)."""
+        return self._arena.slot_size if self._arena else self._slot_size
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Memory the arena has mapped so far (never more than the capacity)."""
+        with self._lock:
+            return self._arena.mapped_bytes if self._arena else 0
+
+    def block_views(self, key: bytes) -> list[np.ndarray]:
+        """The slots holding a block, header first (for inspection and fault-injection tests)."""
+        with self._lock:
+            block = self._index.get(key)
+            if block is None or self._arena is None:
+                return []
+            return [self._arena.view(s) for s in block.slots]
+
+    # --- internals ---------------------------------------------------------------------------
+    def _make_arena(self, first_block: int) -> SlabArena:
+        slot = self._slot_size or min(max(PAGE, align_up(first_block)), self.capacity)
+        self._arena = SlabArena(self.capacity, slot, self.pinned)
+        return self._arena
+
+    def _busy(self, key: bytes) -> bool:
+        block = self._index.get(key)
+        return (block is not None and block.pins > 0) or self.is_pinned(key)
+
+    def _alloc_locked(self, arena: SlabArena, need: int, evicted: list[bytes]) -> list[int] | None:
+        if need > arena.slots:
+            return None
+        while arena.free_slots < need:
+            victim = self._policy.victim(self._busy)
+            if victim is None:
+                return None
+            self._evict_locked(victim)
+            evicted.append(victim)
+        return arena.alloc(need)
+
+    def _evict_locked(self, key: bytes) -> None:
+        block = self._index.get(key)
+        if block is not None and self.spilling:
+            self._spill_locked(key, block)
+        self._policy.remove(key)
+        if block is not None:
+            del self._index[key]
+            self._release_locked(block)
+
+    def _spill_locked(self, key: bytes, block: _Block) -> None:
+        out = np.empty(block.header.raw_len, np.uint8)
+        try:
+            header = self._copy_out(key, block, out)
+        except CorruptBlockError:
+            return  # a damaged block is not worth keeping anywhere
+        self._notify_spilling(key, out, header.meta)
+
+    def _unpin_locked(self, block: _Block) -> None:
+        block.pins -= 1
+        if block.dead and not block.pins and self._arena is not None:
+            self._arena.free(block.slots)
+
+    def _release_locked(self, block: _Block) -> None:
+        if block.pins:
+            block.dead = True
+        elif self._arena is not None:
+            self._arena.free(block.slots)
+
+    @staticmethod
+    def _copy_in(arena: SlabArena, slots: list[int], header: bytes, stored: memoryview) -> _Block:
+        views = [arena.view(s) for s in slots]
+        head = views[0][:HEADER_SIZE]
+        head[:] = np.frombuffer(header, np.uint8)
+        src = np.frombuffer(stored, np.uint8)
+        n, pos = src.nbytes, 0
+        parts = []
+        for i, view in enumerate(views):
+            room = view[HEADER_SIZE:] if i == 0 else view
+            part = room[: min(room.nbytes, n - pos)]
+            np.copyto(part, src[pos : pos + part.nbytes])
+            parts.append(part)
+            pos += part.nbytes
+        parsed = parse_header(header)
+        simple = len(parts) == 1 and parsed.meta.codec == "raw"
+        return _Block(slots, parsed, header, head, parts, simple)
+
+    def _copy_out(self, key: bytes, block: _Block, out) -> BlockHeader:
+        """Copy a pinned block's payload into ``out`` (the hot path: keep it short)."""
+        if block.head.tobytes() != block.header_bytes:
+            parse_header(block.head, self.namespace, key)  # raises the precise BlockError
+            raise CorruptBlockError("block header changed in memory since it was written")
+        header = block.header
+        if type(out) is np.ndarray and out.dtype == _U8 and out.flags.c_contiguous:
+            dst = out if out.ndim == 1 else out.reshape(-1)
+        else:
+            dst = np.frombuffer(memoryview(out).cast("B"), np.uint8)
+        parts = block.parts
+        if block.simple and dst.nbytes == header.raw_len:  # one slot, exact buffer: one memcpy
+            np.copyto(dst, parts[0])
+            return header
+        if dst.nbytes < header.raw_len:
+            raise BufferTooSmallError(
+                f"buffer of {dst.nbytes} bytes cannot hold a {header.raw_len}-byte block"
+            )
+        if header.meta.codec == "raw":
+            pos = 0
+            for part in parts:
+                np.copyto(dst[pos : pos + part.nbytes], part)
+                pos += part.nbytes
+            return header
+        stored = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        got = get_codec(header.meta.codec).decode_into(
+            memoryview(stored), memoryview(dst), header.meta.dtype
+        )
+        if got != header.raw_len:
+            raise CorruptBlockError(f"block decoded to {got} bytes, header says {header.raw_len}")
+        return header
+
+
+def _cuda_for_pinning() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -1,0 +1,159 @@
+"""The memory tier: conformance suite, URL options, slab reuse, pinned readers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvtier.codec import HEADER_SIZE, BlockError
+from kvtier.errors import ConfigError
+from kvtier.specs import MiB
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    TierConformance,
+    check_payload,
+    make_key,
+    make_payload,
+)
+from kvtier.tiers import open_tier
+from kvtier.tiers.memory import MemoryTier
+
+
+class TestMemoryTier(TierConformance):
+    def make_tier(self, root, namespace, capacity, eviction="lru"):
+        return MemoryTier(namespace, capacity, eviction=eviction, pin=False)
+
+    def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
+        views = tier.block_views(key)
+        if how == "header":
+            views[0][1] ^= 0x10  # a bit of the magic
+        elif how == "foreign":
+            theirs = other_tier.block_views(key)
+            if len(theirs) != len(views):
+                return False
+            for mine, other in zip(views, theirs, strict=True):
+                mine[:] = other
+        elif how == "swap":
+            theirs = tier.block_views(other_key)
+            if len(theirs) != len(views):
+                return False
+            for mine, other in zip(views, theirs, strict=True):
+                saved = mine.copy()
+                mine[:] = other
+                other[:] = saved
+        else:  # payload flips go unnoticed by design; there is no truncation in memory
+            return False
+        return True
+
+
+def test_url_options():
+    tier = open_tier("memory://?size=8MiB&eviction=lru&slot=64KiB&pin=0", NS_A)
+    assert isinstance(tier, MemoryTier)
+    assert tier.usage().capacity_bytes == 8 * MiB
+    assert tier.slot_size == 64 * 1024
+    assert not tier.pinned
+    assert tier.capabilities.verifies_checksum is False
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://",
+        "memory://?size=lots",
+        "memory://?size=8MiB&colour=blue",
+        "memory://?size=8MiB&pin=maybe",
+        "memory://?size=8MiB&eviction=fifo",
+        "memory://?size=1MiB&slot=2MiB",
+    ],
+)
+def test_bad_urls(url):
+    with pytest.raises(ConfigError):
+        open_tier(url, NS_A)
+
+
+def test_every_eviction_policy_is_accepted():
+    from kvtier.policy.eviction import POLICIES
+
+    for name in POLICIES:
+        assert open_tier(f"memory://?size=1MiB&eviction={name}", NS_A).put(b"k" * 16, b"x")
+
+
+def test_slots_are_reused_not_allocated_per_block():
+    tier = MemoryTier(NS_A, 2 * MiB, pin=False)
+    payloads = [make_payload(make_key(i), 0, 60_000) for i in range(4)]
+    for step in range(200):
+        key = make_key(step % 50)
+        tier.put(key, payloads[step % 4])
+        if step % 3 == 0:
+            tier.delete(make_key((step * 7) % 50))
+    slot = tier.slot_size
+    assert slot == 15 * 4096  # 60000 bytes + the header, rounded up to 4 KiB
+    assert tier.mapped_bytes <= 2 * MiB
+    mapped = tier.mapped_bytes
+    for step in range(200):
+        tier.put(make_key(1000 + step), payloads[step % 4])
+    assert tier.mapped_bytes == mapped  # full arena: every new block took a reused slot
+
+
+def test_blocks_larger_than_a_slot_span_several():
+    tier = MemoryTier(NS_A, 4 * MiB, slot_size=16 * 1024, pin=False)
+    key = make_key(1)
+    payload = make_payload(key, 5, 100_000)
+    assert tier.put(key, payload)
+    assert len(tier.block_views(key)) == -(-(100_000 + HEADER_SIZE) // (16 * 1024))
+    out = np.zeros(100_000, np.uint8)
+    assert tier.get_into(key, out).raw_len == 100_000
+    assert check_payload(out, 100_000, key) == 5
+    assert tier.usage().used_bytes == 7 * 16 * 1024
+
+
+def test_eviction_waits_for_readers_of_the_victim():
+    """A block evicted while a reader copies it keeps its slots until the reader is done.
+
+    The reader is simulated by taking the pin ``get_into`` takes before its unlocked copy.
+    """
+    tier = MemoryTier(NS_A, 2 * 72 * 1024, pin=False)  # two slots
+    k1, k2, k3 = make_key(1), make_key(2), make_key(3)
+    for k in (k1, k2):
+        assert tier.put(k, make_payload(k, 0, 64 * 1024))
+    block = tier._index[k1]
+    with tier._lock:
+        block.pins += 1  # a reader is copying k1 right now
+    views = tier.block_views(k1)
+    assert tier.put(k3, make_payload(k3, 0, 64 * 1024))  # must evict k2, not the busy k1
+    assert tier.contains(k1) and not tier.contains(k2)
+    assert tier.delete(k1)  # dropped while pinned: its slot stays until the reader is done
+    assert tier.usage().used_bytes == 2 * tier.slot_size
+    for i in (4, 5, 6):  # each takes the other slot (evicting its predecessor), never k1's
+        k = make_key(i)
+        assert tier.put(k, make_payload(k, 0, 64 * 1024))
+    assert check_payload(views[0][HEADER_SIZE:], 64 * 1024, k1) == 0  # untouched
+    assert tier.usage().used_bytes == 2 * tier.slot_size
+    with tier._lock:
+        tier._unpin_locked(block)
+    assert tier.usage().used_bytes == tier.slot_size
+
+
+def test_header_check_catches_a_changed_key_field():
+    tier = MemoryTier(NS_A, MiB, pin=False)
+    key = make_key(1)
+    tier.put(key, make_payload(key, 0, 4096))
+    tier.block_views(key)[0][40] ^= 1  # inside the key field
+    with pytest.raises(BlockError):
+        tier.get_into(key, np.zeros(4096, np.uint8))
+
+
+def test_pinned_memory_needs_cuda():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch not installed")
+    if torch.cuda.is_available():
+        tier = MemoryTier(NS_A, MiB, pin=True)
+        key = make_key(1)
+        assert tier.put(key, make_payload(key, 0, 4096))
+        assert tier.block_views(key)[0].base is not None
+    else:
+        with pytest.raises(ConfigError):
+            MemoryTier(NS_A, MiB, pin=True)
+        assert not MemoryTier(NS_A, MiB).pinned  # auto: no CUDA, plain memory

@@ -25,6 +25,7 @@ see DEFAULT_IO in ``_io`` for the choice.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import threading
@@ -255,7 +256,8 @@ class DiskTier(Tier):
         return evicted
 
     # --- paths -------------------------------------------------------------------------------
-    def _path(self, key: bytes) -> str:
+    def block_path(self, key: bytes) -> str:
+        """The file that holds (or would hold) the block of ``key``."""
         h = key.hex()
         return f"{self.root}/{h[:2]}/{h}{SUFFIX}"
 
@@ -373,7 +375,7 @@ class DiskTier(Tier):
 
     # --- reads -------------------------------------------------------------------------------
     def _open_read(self, key: bytes, out) -> _Read | None:
-        path = self._path(key)
+        path = self.block_path(key)
         try:
             fd = os.open(path, os.O_RDONLY | self._oflags | _O_CLOEXEC)
         except FileNotFoundError:
@@ -466,7 +468,7 @@ class DiskTier(Tier):
     def _forget(self, key: bytes) -> None:
         """The file is gone (another process evicted it): drop it from the index."""
         with self._lock:
-            if key in self._index and not os.path.exists(self._path(key)):
+            if key in self._index and not os.path.exists(self.block_path(key)):
                 self._used -= self._index.pop(key).size
                 self._policy.remove(key)
 
@@ -521,7 +523,7 @@ class DiskTier(Tier):
     def _retire_locked(self, key: bytes) -> bool:
         """Drop a block: its file joins the free pool (a later write reuses it) or goes."""
         entry = self._index.pop(key, None)
-        path = self._path(key)
+        path = self.block_path(key)
         if entry is None:
             return _unlink(path)  # maybe written by another process
         self._policy.remove(key)
@@ -594,7 +596,7 @@ class DiskTier(Tier):
 
     def _create_tmp(self, key: bytes, reuse: str | None) -> tuple[int, str]:
         """Open the temp file of a write: a recycled file renamed next to the block, or new."""
-        final = self._path(key)
+        final = self.block_path(key)
         folder = os.path.dirname(final)
         if folder not in self._dirs:
             os.makedirs(folder, exist_ok=True)
@@ -607,9 +609,14 @@ class DiskTier(Tier):
             tmp = f"{stem}{secrets.token_hex(6)}{TMP_SUFFIX}"
             try:
                 os.rename(reuse, tmp)
-                return os.open(tmp, flags), tmp
+                fd = os.open(tmp, flags)
             except FileNotFoundError:  # taken by another process sharing the directory
                 pass
+            else:
+                if self._sole_opener(fd):
+                    return fd, tmp
+                os.close(fd)  # a reader still has the old block open: leave it that block
+                _unlink(tmp)
         for _ in range(3):
             tmp = f"{stem}{secrets.token_hex(6)}{TMP_SUFFIX}"
             try:
@@ -617,6 +624,23 @@ class DiskTier(Tier):
             except FileExistsError:
                 continue
         raise FileExistsError(f"cannot create a temp file next to {final}")
+
+    def _sole_opener(self, fd: int) -> bool:
+        """Whether no one else has this file open (a write lease is granted only then).
+
+        A recycled file may still be open by a reader that opened the block before it was
+        deleted; overwriting it would make that reader see a torn block. Where leases are not
+        available, recycling is turned off.
+        """
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EBUSY):
+                self.recycle = False
+                self._note(f"file leases unavailable ({exc.strerror}): block files not reused")
+            return False
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return True
 
     def _finish_write(self, write: _Write, res: int) -> bool:
         try:
@@ -631,7 +655,7 @@ class DiskTier(Tier):
             raise OSError(-res, f"writing block {write.key.hex()}: {os.strerror(-res)}")
         with self._lock:
             try:
-                os.replace(write.tmp, self._path(write.key))
+                os.replace(write.tmp, self.block_path(write.key))
             except OSError:
                 _unlink(write.tmp)
                 self._used -= write.size
@@ -653,7 +677,7 @@ class DiskTier(Tier):
 
     def _spill_locked(self, key: bytes) -> None:
         """Hand the victim's payload to spill listeners (a bad block is dropped silently)."""
-        path = self._path(key)
+        path = self.block_path(key)
         try:
             size = os.stat(path).st_size
             raw_max = max(size - PAGE, 0)

@@ -48,7 +48,8 @@ class FioJob:
     """One fio pass over ``blocks`` blocks of ``block_size`` bytes in ``directory/filename``.
 
     ``min_seconds`` > 0 makes the pass time-based: fio loops over its region for that long
-    (used for reads, so short data sets still give a stable rate).
+    (used for reads, so short data sets still give a stable rate). ``sync`` opens the file for
+    writes with O_SYNC or O_DSYNC, as a tier that makes every block durable does.
     """
 
     directory: Path
@@ -60,7 +61,7 @@ class FioJob:
     direct: bool = True
     filename: str = "kvtier-fio.dat"
     min_seconds: float = 0.0
-    end_fsync: bool = False
+    sync: str = "none"  # writes: "none", "sync" (O_SYNC) or "dsync" (O_DSYNC)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.blocks <= 0 or self.depth <= 0:
@@ -112,8 +113,8 @@ class FioJob:
         ]
         if self.min_seconds > 0:
             args += ["--time_based", f"--runtime={max(1, round(self.min_seconds * 1000))}ms"]
-        if self.end_fsync and self.op == "write":
-            args.append("--end_fsync=1")
+        if self.sync != "none" and self.op == "write":
+            args.append(f"--sync={self.sync}")
         return args
 
 

@@ -14,6 +14,26 @@ import numpy as np
 from kvtier.bench.driver import PassPlan, run_pass
 from kvtier.bench.stats import PassResult
 
+PAGE = 4096
+
+
+def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
+    """An uninitialized uint8 array of ``nbytes`` starting on an ``align`` boundary.
+
+    Engines hand page-aligned (often pinned) buffers to the cache; an O_DIRECT tier can read
+    straight into such a buffer, so the benchmark uses them too.
+    """
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    offset = -raw.ctypes.data % align
+    return raw[offset : offset + nbytes]
+
+
+def aligned_full(nbytes: int, value: int) -> np.ndarray:
+    """``aligned_empty`` filled with ``value`` (every page touched)."""
+    out = aligned_empty(nbytes)
+    out.fill(value)
+    return out
+
 
 class WorkerBuffers:
     """``batch`` preallocated, pre-touched block buffers per thread, grown on demand."""
@@ -28,7 +48,7 @@ class WorkerBuffers:
         """Buffers for at least ``threads`` threads."""
         while len(self._buffers) < threads:
             self._buffers.append(
-                [np.full(self.item_bytes, self.fill, dtype=np.uint8) for _ in range(self.batch)]
+                [aligned_full(self.item_bytes, self.fill) for _ in range(self.batch)]
             )
         return self._buffers
 
@@ -41,8 +61,8 @@ class CopyReference:
     """A pool of ``items`` blocks of ``item_bytes`` plus per-thread buffers."""
 
     def __init__(self, items: int, item_bytes: int, batch: int = 1):
-        self.pool = np.empty((items, item_bytes), dtype=np.uint8)
-        self.pool.fill(1)  # touch every page before timing
+        stride = -(-item_bytes // PAGE) * PAGE  # every block starts on a page, like a tier slot
+        self.pool = aligned_full(items * stride, 1).reshape(items, stride)[:, :item_bytes]
         self.buffers = WorkerBuffers(item_bytes, batch)
 
     def read(self, plan: PassPlan) -> PassResult:

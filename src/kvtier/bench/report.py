@@ -45,6 +45,7 @@ def _row(m: Measurement) -> list:
         m.tier,
         m.op,
         str(m.depth),
+        f"{m.request_blocks}",
         f"{m.result.gbps:.3f}",
         _ms(lat.p50),
         _ms(lat.p95),
@@ -59,10 +60,12 @@ def _row(m: Measurement) -> list:
 def storage_table(report: StorageReport) -> Group:
     """The results as a rich table, followed by the environment line and the notes."""
     cfg = report.config
+    drives = sorted({m.drive for m in report.measurements})
     title = (
         f"kvtier bench storage: {format_bytes(cfg.block_bytes)} blocks "
         f"({cfg.model} × {cfg.chunk_tokens} tokens), {cfg.blocks} blocks per pass, "
-        f"batch {cfg.batch}; GB/s = 1e9 B/s of payload, latency per request"
+        f"median of {cfg.repeats}, drive {'/'.join(drives) or '-'}; "
+        "GB/s = 1e9 B/s of payload; latency per request of blk/req blocks"
     )
     table = Table(title=title, title_justify="left")
     left = ("tier", "op", "reference", "target")
@@ -70,6 +73,7 @@ def storage_table(report: StorageReport) -> Group:
         "tier",
         "op",
         "depth",
+        "blk/req",
         "GB/s",
         "p50 ms",
         "p95 ms",
@@ -92,6 +96,7 @@ def storage_table(report: StorageReport) -> Group:
         table.add_row(
             "lookup",
             f"{lk.chunks} chunks",
+            "-",
             "-",
             "-",
             _ms(lk.latency.p50),

@@ -63,3 +63,11 @@ class PassResult:
             "gbps": self.gbps,
             "latency_s": self.latency.as_dict(),
         }
+
+
+def median_pass(passes: Sequence[PassResult]) -> PassResult:
+    """The pass of median bandwidth (the lower middle one for an even count)."""
+    if not passes:
+        raise ValueError("median_pass needs at least one pass")
+    ranked = sorted(passes, key=lambda p: p.bandwidth)
+    return ranked[(len(ranked) - 1) // 2]

@@ -2,17 +2,26 @@
 
 For every tier and every depth: a write pass (``put_many``) of fresh blocks, a read pass
 (``get_many_into``) of the same blocks, then the same pattern through the reference: fio on the
-disk tier's directory (same block size, depth, O_DIRECT and engine as the tier), or plain copies
-between preallocated buffers for the memory tier. Rates are decimal GB/s of payload.
+disk tier's directory (same file size per block, depth, engine, O_DIRECT and O_DSYNC as the
+tier), or plain copies between preallocated buffers for the memory tier. Rates are decimal GB/s
+of payload.
+
+Depth is reached the way the cache would reach it: a tier with its own parallel I/O (the disk
+tier's ``depth=`` backend) is reopened at each depth and fed by one caller in requests of
+several blocks (``native``); other tiers get that many caller threads (``threads``). Both sides
+start from a warm state: one untimed write pass per tier (and per fio file) first, so timed
+writes reuse allocated memory and files, as a long-running cache does.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import xxhash
@@ -20,24 +29,37 @@ import xxhash
 from kvtier.bench.driver import PassPlan, run_pass
 from kvtier.bench.env import BenchEnvironment, drop_caches
 from kvtier.bench.fio import FioError, FioJob, fio_binary, fio_version, run_fio
-from kvtier.bench.reference import CopyReference, WorkerBuffers
-from kvtier.bench.stats import LatencyStats, PassResult
+from kvtier.bench.reference import CopyReference, WorkerBuffers, aligned_empty
+from kvtier.bench.results import (
+    TARGET_MIN_BLOCK,
+    Measurement,
+    Reference,
+    StorageReport,
+)
+from kvtier.bench.stats import PassResult, median_pass
 from kvtier.codec import BlockMeta
 from kvtier.codec.container import DTYPES, HEADER_SIZE
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.keys import Namespace
-from kvtier.specs import KiB, MiB, ModelSpec, format_bytes, get_model
+from kvtier.specs import MiB, ModelSpec, format_bytes, get_model
 from kvtier.specs.model import dtype_bytes
-from kvtier.tiers import Tier, open_tier
+from kvtier.tiers import Tier, TierURL, open_tier
 
 StepCallback = Callable[[str], None]
-TARGET_MIN_BLOCK = 256 * KiB
-LOOKUP_TARGET_S = 1e-3
 DEFAULT_DATA = 512 * MiB
+PAGE = 4096
+PAYLOADS = 8  # distinct random payloads per pass
+NATIVE_REQUEST_BYTES = 256 * MiB
+
+
+def native_request_blocks(depth: int, block_bytes: int) -> int:
+    """Blocks per request of a native drive: the tier's queue filled 1-4 times, ≤ ~256 MiB."""
+    rounds = max(1, min(4, NATIVE_REQUEST_BYTES // max(1, depth * block_bytes)))
+    return depth * rounds
 
 
 class BenchError(KvtierError):
-    """A benchmark pass went wrong (lost blocks, tier full, reference failed)."""
+    """A benchmark pass went wrong (lost blocks, tier refused writes)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +67,11 @@ class StorageBenchConfig:
     """What ``kvtier bench storage`` measures.
 
     ``block_size`` defaults to the model's KV bytes per token × ``chunk_tokens``; ``data_size`` is
-    the bytes written (and read back) per tier and depth; ``batch`` blocks go in one request.
+    the bytes written (and read back) per tier and depth; each depth is measured ``repeats``
+    times (kvtier and reference alternating) and the median pass reported. ``batch`` is the
+    blocks per request (None: 1 per thread for threaded drives, the tier's queue filled up to
+    4 times per call for native ones). ``drive`` is ``auto`` (native where the tier has its
+    own parallelism), ``threads`` or ``native``.
     """
 
     tiers: tuple[str, ...]
@@ -54,8 +80,10 @@ class StorageBenchConfig:
     block_size: int | None = None
     depths: tuple[int, ...] = (1, 4, 16)
     data_size: int = DEFAULT_DATA
-    batch: int = 1
+    batch: int | None = None
+    drive: str = "auto"
     min_read_seconds: float = 0.3
+    repeats: int = 1
     fio: bool = True
     lookup: bool = True
     lookup_chunks: int = 512
@@ -66,12 +94,18 @@ class StorageBenchConfig:
             raise ConfigError("give at least one tier, e.g. --tier 'memory://?size=2GiB'")
         if not self.depths or min(self.depths) < 1:
             raise ConfigError(f"depths must be positive integers, got {self.depths}")
-        if self.chunk_tokens <= 0 or self.batch <= 0:
+        if self.chunk_tokens <= 0 or (self.batch is not None and self.batch <= 0):
             raise ConfigError("chunk tokens and batch must be positive")
         if self.block_size is not None and self.block_size <= 0:
             raise ConfigError("block size must be positive")
         if self.data_size <= 0:
             raise ConfigError("data size must be positive")
+        if self.drive not in ("auto", "threads", "native"):
+            raise ConfigError(f"drive must be auto, threads or native, got {self.drive!r}")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be at least 1, got {self.repeats}")
+        if self.lookup_chunks <= 0 or self.lookup_repeats <= 0:
+            raise ConfigError("lookup chunks and repeats must be positive")
 
     @property
     def spec(self) -> ModelSpec:
@@ -112,125 +146,14 @@ class StorageBenchConfig:
             "chunk_tokens": self.chunk_tokens,
             "block_bytes": self.block_bytes,
             "blocks": self.blocks,
-            "depths": list(self.depths),
             "data_bytes": self.blocks * self.block_bytes,
+            "depths": list(self.depths),
             "batch": self.batch,
+            "drive": self.drive,
             "min_read_seconds": self.min_read_seconds,
+            "repeats": self.repeats,
             "fio": self.fio,
-        }
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The reference pass a kvtier pass is compared with."""
-
-    kind: str  # "fio" or "copy"
-    result: PassResult
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        """Plain JSON-ready dict."""
-        return {"kind": self.kind, **self.result.as_dict(), "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One (tier, op, depth) row: kvtier's pass, its reference, and the target ratio."""
-
-    tier: str
-    url: str
-    op: str  # "read" or "write"
-    depth: int
-    block_bytes: int
-    chunk_tokens: int
-    result: PassResult
-    reference: Reference | None = None
-    target: float | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Cached tokens moved per second (blocks/s × tokens per block)."""
-        return self.result.bandwidth / self.block_bytes * self.chunk_tokens
-
-    @property
-    def ratio(self) -> float | None:
-        """kvtier GB/s ÷ reference GB/s."""
-        if self.reference is None or self.reference.result.bandwidth <= 0:
-            return None
-        return self.result.bandwidth / self.reference.result.bandwidth
-
-    @property
-    def verdict(self) -> str | None:
-        """PASS/MISS against the target, None where no target applies."""
-        if self.target is None or self.ratio is None:
-            return None
-        return "PASS" if self.ratio >= self.target else "MISS"
-
-    def as_dict(self) -> dict:
-        """Plain JSON-ready dict."""
-        return {
-            "tier": self.tier,
-            "url": self.url,
-            "op": self.op,
-            "depth": self.depth,
-            "block_bytes": self.block_bytes,
-            **self.result.as_dict(),
-            "tokens_per_s": self.tokens_per_s,
-            "reference": self.reference.as_dict() if self.reference else None,
-            "ratio": self.ratio,
-            "target": self.target,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass(frozen=True)
-class LookupMeasurement:
-    """Latency of ``TieredCache.lookup`` over a prefix of ``chunks`` stored chunks."""
-
-    chunks: int
-    tokens: int
-    tiers: tuple[str, ...]
-    hit_chunks: int
-    latency: LatencyStats
-    target_s: float = LOOKUP_TARGET_S
-
-    @property
-    def verdict(self) -> str:
-        """PASS when the median lookup is within the target."""
-        return "PASS" if self.latency.p50 <= self.target_s else "MISS"
-
-    def as_dict(self) -> dict:
-        """Plain JSON-ready dict."""
-        return {
-            "chunks": self.chunks,
-            "tokens": self.tokens,
-            "tiers": list(self.tiers),
-            "hit_chunks": self.hit_chunks,
-            "latency_s": self.latency.as_dict(),
-            "target_s": self.target_s,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass
-class StorageReport:
-    """Everything one ``kvtier bench storage`` run measured."""
-
-    config: StorageBenchConfig
-    environment: BenchEnvironment
-    measurements: list[Measurement] = field(default_factory=list)
-    lookup: LookupMeasurement | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        """Plain JSON-ready dict (what ``--json`` prints)."""
-        return {
-            "benchmark": "storage",
-            "config": self.config.as_dict(),
-            "environment": self.environment.as_dict(),
-            "results": [m.as_dict() for m in self.measurements],
-            "lookup": self.lookup.as_dict() if self.lookup else None,
-            "notes": list(self.notes),
+            "lookup_chunks": self.lookup_chunks if self.lookup else 0,
         }
 
 
@@ -244,29 +167,37 @@ class DiskIOProfile:
     directory: Path
     ioengine: str
     direct: bool
-    align: int = 4096
+    sync: bool
+    file_bytes: Callable[[int], int]  # file size of a block with this many payload bytes
 
 
 def disk_io_profile(tier: Tier) -> DiskIOProfile | None:
     """The I/O profile of a file tier (None for other media)."""
     if tier.scheme != "file":
         return None
-    directory = Path(getattr(tier, "directory", None) or getattr(tier, "path", "."))
-    engine = getattr(tier, "ioengine", None) or (
-        "io_uring" if getattr(tier, "uses_io_uring", False) else "psync"
+    align = int(getattr(tier, "align", PAGE) or PAGE)
+    return DiskIOProfile(
+        directory=Path(getattr(tier, "directory", ".")),
+        ioengine=getattr(tier, "ioengine", "psync"),
+        direct=bool(getattr(tier, "direct", True)),
+        sync=bool(getattr(tier, "sync", False)),
+        # one header page, then the payload padded to whole pages (see kvtier.tiers.disk)
+        file_bytes=lambda n: align + -(-n // align) * align,
     )
-    direct = bool(getattr(tier, "direct", getattr(tier, "o_direct", True)))
-    align = int(getattr(tier, "align", 4096) or 4096)
-    return DiskIOProfile(directory, engine, direct, align)
 
 
-def target_for(scheme: str, op: str, block_bytes: int) -> float | None:
-    """The issue's target ratio for a (tier medium, op) at this block size, if any."""
-    if block_bytes < TARGET_MIN_BLOCK:
-        return None
-    return {("file", "read"): 0.9, ("file", "write"): 0.8, ("memory", "read"): 0.8}.get(
-        (scheme, op)
-    )
+def native_depth(tier: Tier) -> int | None:
+    """The tier's own I/O depth when it runs batches in parallel itself (disk tier ``depth=``)."""
+    depth = getattr(getattr(tier, "io", None), "depth", None)
+    return depth if isinstance(depth, int) else None
+
+
+def with_option(url: str, name: str, value: str) -> str:
+    """``url`` with query option ``name`` set to ``value``."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
+    query.append((name, value))
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/:")))
 
 
 def default_tier_urls(directory: Path | None = None, data_size: int = DEFAULT_DATA) -> list[str]:
@@ -285,91 +216,154 @@ class StorageBench:
     def __init__(self, config: StorageBenchConfig, on_step: StepCallback | None = None):
         self.config = config
         self.on_step = on_step or (lambda _label: None)
-        self.namespace = Namespace.for_model(config.spec, "kvtier-bench").id
+        self.namespace = Namespace.for_model(config.spec, "kvtier-bench")
         self.fio = fio_binary() if config.fio else None
         self._nonce = os.urandom(8)
 
     def steps(self) -> int:
-        """Steps ``run`` will report: 4 per tier and depth, plus the lookup."""
-        return 4 * len(self.config.tiers) * len(self.config.depths) + int(self.config.lookup)
+        """Steps ``run`` reports: a warm-up per tier, 3 per tier, depth and repeat, the lookup."""
+        cfg = self.config
+        return len(cfg.tiers) * (1 + 3 * len(cfg.depths) * cfg.repeats) + int(cfg.lookup)
 
     def run(self) -> StorageReport:
-        """Measure every tier at every depth; the lookup last."""
+        """Measure every tier at every depth, then the lookup."""
         cfg = self.config
-        tiers = [open_tier(url, self.namespace) for url in cfg.tiers]
+        disk_dir = next(
+            (Path(TierURL.parse(u).path) for u in cfg.tiers if TierURL.parse(u).scheme == "file"),
+            None,
+        )
+        env = BenchEnvironment.probe(disk_dir, fio_version(self.fio) if self.fio else None)
+        report = StorageReport(cfg, env)
         try:
-            disk = next((p for p in map(disk_io_profile, tiers) if p), None)
-            env = BenchEnvironment.probe(
-                disk.directory if disk else None, fio_version(self.fio) if self.fio else None
-            )
-            report = StorageReport(cfg, env)
-            self._notes(report, tiers, disk)
-            for url, tier in zip(cfg.tiers, tiers, strict=True):
-                report.measurements += self._bench_tier(url, tier, report)
+            for url in cfg.tiers:
+                report.measurements += self._bench_url(url, report)
             if cfg.lookup:
-                report.lookup = self._lookup(tiers, report)
+                self._lookup(report)
                 self.on_step("lookup")
-            return report
         finally:
-            for tier in tiers:
-                tier.close()
+            self._cleanup()
+        self._general_notes(report)
+        return report
+
+    def _cleanup(self) -> None:
+        """Remove what the bench left in file tiers: its own namespace folder, nothing else."""
+        for url in self.config.tiers:
+            parsed = TierURL.parse(url)
+            if parsed.scheme == "file" and parsed.path:
+                shutil.rmtree(Path(parsed.path) / self.namespace.id.hex(), ignore_errors=True)
 
     # --- one tier ---------------------------------------------------------------------------
-    def _bench_tier(self, url: str, tier: Tier, report: StorageReport) -> list[Measurement]:
+    def _bench_url(self, url: str, report: StorageReport) -> list[Measurement]:
         cfg = self.config
         block, items = cfg.block_bytes, cfg.blocks
-        self._check_capacity(url, tier, items, block)
+        ns = self.namespace.id
+        tier = open_tier(url, ns)
+        native = cfg.drive == "native" or (cfg.drive == "auto" and native_depth(tier) is not None)
+        if native and native_depth(tier) is None:
+            tier.close()
+            raise ConfigError(f"tier {url} has no I/O depth of its own; use --drive threads")
+        if native and "depth" in TierURL.parse(url).options:
+            report.notes.append(f"{tier.name}: the depth= option of {url} is replaced by --depth")
         profile = disk_io_profile(tier)
-        copy_ref = CopyReference(items, block, cfg.batch) if tier.scheme == "memory" else None
-        payloads = WorkerBuffers(block, cfg.batch, fill=0)
-        outs = WorkerBuffers(block, cfg.batch, fill=0)
-        rng = np.random.default_rng()
-        for row in payloads.ensure(max(cfg.depths)):
-            for buf in row:
-                buf[:] = rng.integers(0, 256, block, dtype=np.uint8)
+        self._tier_notes(tier, profile, report)
+        copy_ref: CopyReference | None = None
+        fio_file: Path | None = None
         rows: list[Measurement] = []
         try:
+            self._check_capacity(url, tier, items, block, profile)
+            pool = self._payload_pool(items)
+            # warm-up: map the tier's memory / create its files once, untimed
+            warm = self._keys(url, 0, items)
+            self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), pool)
+            tier.delete_many(warm)
+            if tier.scheme == "memory":
+                copy_ref = CopyReference(items, block)
+            self.on_step(f"{tier.name}: warm-up")
             for depth in cfg.depths:
-                plan = PassPlan(items, block, depth, cfg.batch)
-                read_plan = PassPlan(items, block, depth, cfg.batch, cfg.min_read_seconds)
-                keys = self._keys(url, depth, items)
-                label = f"{tier.name} depth {depth}"
-                write = self._write(tier, keys, plan, payloads)
-                self.on_step(f"{label}: kvtier write")
-                if profile and not profile.direct:
-                    drop_caches()
-                read = self._read(tier, keys, read_plan, outs)
-                self.on_step(f"{label}: kvtier read")
-                tier.delete_many(keys)
-                refs = self._reference(tier, profile, copy_ref, plan, read_plan, report)
-                self.on_step(f"{label}: reference")
-                for op, result in (("write", write), ("read", read)):
+                if native:
+                    tier.close()
+                    tier = open_tier(with_option(url, "depth", str(depth)), ns)
+                    request = min(items, cfg.batch or native_request_blocks(depth, block))
+                    plan = PassPlan(items, block, 1, request)
+                else:
+                    request = min(items, cfg.batch or 1)
+                    plan = PassPlan(items, block, depth, request)
+                read_plan = PassPlan(
+                    items, block, plan.depth, plan.batch, min_seconds=cfg.min_read_seconds
+                )
+                runs: dict[str, list[PassResult]] = {"write": [], "read": []}
+                ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
+                for r in range(cfg.repeats):  # kvtier and reference alternate: drift hits both
+                    label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
+                    keys = self._keys(url, depth * 1000 + r, items)
+                    runs["write"].append(self._write(tier, keys, plan, pool))
+                    self.on_step(f"{label}: kvtier write")
+                    if profile and not profile.direct:
+                        drop_caches()
+                    runs["read"].append(self._read(tier, keys, read_plan, pool))
+                    self.on_step(f"{label}: kvtier read")
+                    tier.delete_many(keys)
+                    refs: dict[str, Reference] = {}
+                    if copy_ref is not None:
+                        refs = self._copy_reference(copy_ref, plan, read_plan)
+                    elif profile is not None and self.fio is not None:
+                        engine = profile.ioengine if native else "psync"
+                        fio_file, refs = self._fio_reference(
+                            profile, engine, depth, items, read_plan.min_seconds, fio_file, report
+                        )
+                    for op, ref in refs.items():
+                        ref_runs[op].append(ref)
+                    self.on_step(f"{label}: reference")
+                for op in ("write", "read"):
+                    refs_op = ref_runs[op]
+                    ref = None
+                    if refs_op:
+                        mid = median_pass([x.result for x in refs_op])
+                        ref = next(x for x in refs_op if x.result is mid)
+                        ref = replace(ref, samples_gbps=tuple(x.result.gbps for x in refs_op))
                     rows.append(
                         Measurement(
-                            tier.name,
-                            url,
-                            op,
-                            depth,
-                            block,
-                            cfg.chunk_tokens,
-                            result,
-                            refs.get(op),
-                            target_for(tier.scheme, op, block),
+                            tier=tier.name,
+                            url=url,
+                            scheme=tier.scheme,
+                            op=op,
+                            depth=depth,
+                            drive="native" if native else "threads",
+                            request_blocks=request,
+                            block_bytes=block,
+                            chunk_tokens=cfg.chunk_tokens,
+                            result=median_pass(runs[op]),
+                            reference=ref,
+                            samples_gbps=tuple(x.gbps for x in runs[op]),
                         )
                     )
         finally:
-            if copy_ref:
+            tier.close()
+            if copy_ref is not None:
                 copy_ref.close()
-            payloads.clear()
-            outs.clear()
+            if fio_file is not None:
+                fio_file.unlink(missing_ok=True)
         return rows
+
+    def _payload_pool(self, items: int) -> list[np.ndarray]:
+        """A few random payloads; block ``i`` is written from ``pool[i % len(pool)]``."""
+        rng = np.random.default_rng()
+        pool = []
+        for _ in range(min(items, PAYLOADS)):
+            buf = aligned_empty(self.config.block_bytes)
+            buf[:] = rng.integers(0, 256, buf.nbytes, dtype=np.uint8)
+            pool.append(buf)
+        return pool
 
     def _keys(self, url: str, depth: int, items: int) -> list[bytes]:
         seed = self._nonce + url.encode() + depth.to_bytes(4, "little")
         return [xxhash.xxh3_128_digest(seed + i.to_bytes(8, "little")) for i in range(items)]
 
-    def _check_capacity(self, url: str, tier: Tier, items: int, block: int) -> None:
-        need = items * (block + HEADER_SIZE + 4096)
+    def _check_capacity(
+        self, url: str, tier: Tier, items: int, block: int, profile: DiskIOProfile | None
+    ) -> None:
+        per_block = profile.file_bytes(block) if profile else block + HEADER_SIZE + PAGE
+        need = items * per_block
         capacity = tier.usage().capacity_bytes
         if capacity and need > capacity:
             raise ConfigError(
@@ -378,19 +372,14 @@ class StorageBench:
             )
 
     def _write(
-        self, tier: Tier, keys: Sequence[bytes], plan: PassPlan, payloads: WorkerBuffers
+        self, tier: Tier, keys: Sequence[bytes], plan: PassPlan, pool: list[np.ndarray]
     ) -> PassResult:
-        buffers = payloads.ensure(plan.threads)
+        """Time ``put_many`` of every key (payloads are shared, read-only buffers)."""
         meta = self.config.block_meta
         rejected: list[int] = []
 
         def work(worker: int, indices: Sequence[int]) -> None:
-            bufs = buffers[worker]
-            items = []
-            for j, i in enumerate(indices):
-                bufs[j][:8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)
-                items.append((keys[i], bufs[j], meta))
-            ok = tier.put_many(items)
+            ok = tier.put_many([(keys[i], pool[i % len(pool)], meta) for i in indices])
             rejected.extend(i for i, good in zip(indices, ok, strict=True) if not good)
 
         result = run_pass(plan, work)
@@ -402,8 +391,10 @@ class StorageBench:
         return result
 
     def _read(
-        self, tier: Tier, keys: Sequence[bytes], plan: PassPlan, outs: WorkerBuffers
+        self, tier: Tier, keys: Sequence[bytes], plan: PassPlan, pool: list[np.ndarray]
     ) -> PassResult:
+        """Time ``get_many_into`` of every key into reused aligned buffers; spot-check bytes."""
+        outs = WorkerBuffers(plan.item_bytes, plan.batch, fill=0)
         buffers = outs.ensure(plan.threads)
         bad: list[str] = []
 
@@ -411,104 +402,118 @@ class StorageBench:
             bufs = buffers[worker][: len(indices)]
             results = tier.get_many_into([keys[i] for i in indices], bufs)
             for i, buf, res in zip(indices, bufs, results, strict=True):
+                want = pool[i % len(pool)]
                 if res is None or isinstance(res, Exception):
                     bad.append(f"block {i}: {res or 'miss'}")
-                elif int.from_bytes(buf[:8].tobytes(), "little") != i:
+                elif buf[:16].tobytes() != want[:16].tobytes() or (
+                    buf[-16:].tobytes() != want[-16:].tobytes()
+                ):
                     bad.append(f"block {i}: wrong payload")
 
-        result = run_pass(plan, work)
+        try:
+            result = run_pass(plan, work)
+        finally:
+            outs.clear()
         if bad:
             raise BenchError(
-                f"tier {tier.name} lost {len(bad)} block reads (first: {bad[0]}); "
+                f"tier {tier.name} failed {len(bad)} block reads (first: {bad[0]}); "
                 "is it large enough for --data-size?"
             )
         return result
 
-    def _reference(
-        self,
-        tier: Tier,
-        profile: DiskIOProfile | None,
-        copy_ref: CopyReference | None,
-        plan: PassPlan,
-        read_plan: PassPlan,
-        report: StorageReport,
+    def _copy_reference(
+        self, ref: CopyReference, plan: PassPlan, read_plan: PassPlan
     ) -> dict[str, Reference]:
-        if copy_ref is not None:
-            detail = f"numpy.copyto, {plan.threads} threads"
-            return {
-                "write": Reference("copy", copy_ref.write(plan), detail),
-                "read": Reference("copy", copy_ref.read(read_plan), detail),
-            }
-        if profile is None or self.fio is None:
-            return {}
+        detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
+        return {
+            "write": Reference("copy", ref.write(plan), detail),
+            "read": Reference("copy", ref.read(read_plan), detail),
+        }
+
+    def _fio_reference(
+        self,
+        profile: DiskIOProfile,
+        engine: str,
+        depth: int,
+        items: int,
+        min_seconds: float,
+        fio_file: Path | None,
+        report: StorageReport,
+    ) -> tuple[Path | None, dict[str, Reference]]:
+        """fio write (then read) of the same files sizes; the first call lays the file out."""
+        name = f"kvtier-fio-{os.getpid()}.dat"
+        bs = profile.file_bytes(self.config.block_bytes)
+        common = dict(
+            directory=profile.directory,
+            block_size=bs,
+            blocks=items,
+            depth=depth,
+            ioengine=engine,
+            direct=profile.direct,
+            filename=name,
+            sync="dsync" if profile.sync else "none",
+        )
         out: dict[str, Reference] = {}
-        bs = -(-(self.config.block_bytes + HEADER_SIZE) // profile.align) * profile.align
-        fname = f"kvtier-fio-{os.getpid()}.dat"
         try:
-            for op, min_s in (("write", 0.0), ("read", read_plan.min_seconds)):
-                job = FioJob(
-                    profile.directory,
-                    op,
-                    bs,
-                    plan.items,
-                    plan.depth,
-                    profile.ioengine,
-                    profile.direct,
-                    fname,
-                    min_seconds=min_s,
-                )
-                res = run_fio(job, self.fio)
+            if fio_file is None:  # untimed: allocate the file, as the tier's warm-up did
+                run_fio(FioJob(op="write", **{**common, "depth": max(self.config.depths)}))
+                fio_file = profile.directory / name
+            for op, min_s in (("write", 0.0), ("read", min_seconds)):
+                if op == "read" and not profile.direct:
+                    drop_caches()
+                res = run_fio(FioJob(op=op, min_seconds=min_s, **common), self.fio)
                 out[op] = Reference("fio", res.result, " ".join(res.command[1:]))
         except FioError as exc:
-            report.notes.append(f"fio reference skipped for {tier.name}: {exc}")
-        finally:
-            (profile.directory / fname).unlink(missing_ok=True)
-        return out
+            report.notes.append(f"fio reference failed at depth {depth}: {exc}")
+        return fio_file, out
 
-    # --- lookup -----------------------------------------------------------------------------
-    def _lookup(self, tiers: Sequence[Tier], report: StorageReport) -> LookupMeasurement | None:
+    # --- lookup and notes -------------------------------------------------------------------
+    def _lookup(self, report: StorageReport) -> None:
         try:
-            from kvtier.cache import TieredCache
-        except ImportError:
-            report.notes.append("lookup row skipped: kvtier.cache is not available yet")
-            return None
-        return measure_lookup(
-            TieredCache,
-            tiers,
-            self.config.lookup_chunks,
-            self.config.chunk_tokens,
-            self.config.lookup_repeats,
-            self.config.spec,
-        )
+            from kvtier.bench.lookup import measure_lookup
+        except ImportError as exc:
+            report.notes.append(f"lookup row skipped: {exc}")
+            return
+        cfg = self.config
+        tiers = [open_tier(url, self.namespace.id) for url in cfg.tiers]
+        try:
+            report.lookup = measure_lookup(
+                tiers, self.namespace, cfg.lookup_chunks, cfg.chunk_tokens, cfg.lookup_repeats
+            )
+        finally:
+            for tier in tiers:
+                tier.close()
 
-    def _notes(self, report: StorageReport, tiers: Sequence[Tier], disk: DiskIOProfile | None):
+    def _tier_notes(self, tier: Tier, profile: DiskIOProfile | None, report: StorageReport):
+        if profile is None:
+            return
         env = report.environment
-        if disk is not None:
-            if disk.direct:
-                report.notes.append(
-                    "disk tier uses O_DIRECT: reads bypass the page cache, no cache drop needed"
-                )
-            elif env.can_drop_caches:
-                report.notes.append("disk tier is buffered: page cache dropped before each read")
-            else:
-                report.notes.append(
-                    "disk tier is buffered and this process cannot drop the page cache "
-                    "(not root): its reads may be served from memory"
-                )
-            if env.o_direct is False:
-                report.notes.append(
-                    f"{disk.directory} ({env.filesystem}) does not support O_DIRECT; "
-                    "use --dir on a real disk for meaningful disk numbers"
-                )
-        if self.config.fio and self.fio is None and disk is not None:
+        if profile.direct:
+            note = f"{tier.name}: O_DIRECT, so reads bypass the page cache (no cache drop needed)"
+        elif env.can_drop_caches:
+            note = f"{tier.name}: buffered I/O; the page cache is dropped before every read pass"
+        else:
+            note = (
+                f"{tier.name}: buffered I/O and no permission to drop the page cache: "
+                "reads may come from memory"
+            )
+        report.notes.append(note)
+        if env.o_direct is False:
+            report.notes.append(
+                f"{profile.directory} ({env.filesystem}) has no O_DIRECT (tmpfs?): "
+                "use --dir on a real disk for disk numbers"
+            )
+        if self.config.fio and self.fio is None:
             report.notes.append("fio is not installed: no disk reference (apt-get install fio)")
+
+    def _general_notes(self, report: StorageReport) -> None:
         if self.config.block_bytes < TARGET_MIN_BLOCK:
             report.notes.append(
                 f"blocks of {format_bytes(self.config.block_bytes)} are below 256 KiB: "
                 "ratios are shown without targets"
             )
-
-
-def measure_lookup(cache_cls, tiers, chunks, chunk_tokens, repeats, spec) -> LookupMeasurement:
-    """Placeholder until the cache lands."""
-    raise NotImplementedError
+        if any(m.drive == "native" for m in report.measurements):
+            report.notes.append(
+                "native rows: one caller, the tier's own I/O depth, latency per request of "
+                "several blocks (fio's latency, in the JSON, is per block)"
+            )

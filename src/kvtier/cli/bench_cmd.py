@@ -55,7 +55,24 @@ def storage(
     data_size: Annotated[
         str, typer.Option(help="Bytes written and read back per tier and depth.")
     ] = "512MiB",
-    batch: Annotated[int, typer.Option(help="Blocks per get_many_into/put_many request.")] = 1,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            help="Blocks per get_many_into/put_many request [1 per thread; native: the tier's "
+            "queue filled up to 4 times].",
+            show_default=False,
+        ),
+    ] = None,
+    drive: Annotated[
+        str,
+        typer.Option(
+            help="auto: the tier's own I/O depth where it has one (disk), else threads; "
+            "threads: DEPTH caller threads; native."
+        ),
+    ] = "auto",
+    repeat: Annotated[
+        int, typer.Option(help="Measure each depth this often, kvtier and reference alternating.")
+    ] = 3,
     min_read_seconds: Annotated[
         float, typer.Option(help="Repeat read passes until they last this long.")
     ] = 0.3,
@@ -84,6 +101,8 @@ def storage(
         depths=parse_depths(depth),
         data_size=size,
         batch=batch,
+        drive=drive,
+        repeats=repeat,
         min_read_seconds=min_read_seconds,
         fio=fio,
         lookup=lookup,
@@ -104,14 +123,15 @@ def storage(
     if json_out:
         typer.echo(storage_json(report))
     else:
-        Console().print(storage_table(report))
+        out = Console()
+        if not out.is_terminal:
+            out.width = max(out.width, 140)
+        out.print(storage_table(report))
     if plot is not None:
         saved = storage_plot(report, plot)
         err.print(f"plot saved to {saved}")
-    missed = [m for m in report.measurements if m.verdict == "MISS"]
-    if report.lookup is not None and report.lookup.verdict == "MISS":
-        missed.append(report.lookup)
-    if strict and missed:
+    if strict and report.missed:
+        err.print(f"missed targets: {', '.join(report.missed)}")
         raise typer.Exit(1)
 
 

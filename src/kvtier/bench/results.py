@@ -1,0 +1,171 @@
+"""Results of the storage benchmark: one row per (tier, op, depth), the lookup row, the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvtier.bench.env import BenchEnvironment
+from kvtier.bench.stats import LatencyStats, PassResult
+from kvtier.specs import KiB
+
+if TYPE_CHECKING:
+    from kvtier.bench.storage import StorageBenchConfig
+
+TARGET_MIN_BLOCK = 256 * KiB
+LOOKUP_TARGET_S = 1e-3
+TARGETS = {("file", "read"): 0.9, ("file", "write"): 0.8, ("memory", "read"): 0.8}
+
+
+def target_for(scheme: str, op: str, block_bytes: int) -> float | None:
+    """The target ratio kvtier ÷ reference for a (tier medium, op), for blocks ≥ 256 KiB."""
+    if block_bytes < TARGET_MIN_BLOCK:
+        return None
+    return TARGETS.get((scheme, op))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference pass a kvtier pass is compared with: ``fio`` or ``copy``."""
+
+    kind: str
+    result: PassResult
+    detail: str = ""
+    samples_gbps: tuple[float, ...] = ()
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return {
+            "kind": self.kind,
+            **self.result.as_dict(),
+            "samples_gbps": list(self.samples_gbps) or [self.result.gbps],
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One (tier, op, depth) row: kvtier's pass, its reference, and the target ratio.
+
+    ``drive`` says how the depth was reached: ``threads`` (that many caller threads) or
+    ``native`` (one caller, the tier's own I/O depth); a request holds ``request_blocks`` blocks.
+    ``result`` is the pass of median bandwidth among the repeats, whose rates are in
+    ``samples_gbps``.
+    """
+
+    tier: str
+    url: str
+    scheme: str
+    op: str
+    depth: int
+    drive: str
+    request_blocks: int
+    block_bytes: int
+    chunk_tokens: int
+    result: PassResult
+    reference: Reference | None = None
+    samples_gbps: tuple[float, ...] = ()
+
+    @property
+    def target(self) -> float | None:
+        """The issue's target ratio for this row, if any."""
+        return target_for(self.scheme, self.op, self.block_bytes)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Cached tokens moved per second (blocks/s × tokens per block)."""
+        return self.result.bandwidth / self.block_bytes * self.chunk_tokens
+
+    @property
+    def ratio(self) -> float | None:
+        """kvtier GB/s ÷ reference GB/s."""
+        if self.reference is None or self.reference.result.bandwidth <= 0:
+            return None
+        return self.result.bandwidth / self.reference.result.bandwidth
+
+    @property
+    def verdict(self) -> str | None:
+        """PASS/MISS against the target, None where no target applies."""
+        if self.target is None or self.ratio is None:
+            return None
+        return "PASS" if self.ratio >= self.target else "MISS"
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return {
+            "tier": self.tier,
+            "url": self.url,
+            "op": self.op,
+            "depth": self.depth,
+            "drive": self.drive,
+            "request_blocks": self.request_blocks,
+            "block_bytes": self.block_bytes,
+            **self.result.as_dict(),
+            "samples_gbps": list(self.samples_gbps) or [self.result.gbps],
+            "tokens_per_s": self.tokens_per_s,
+            "reference": self.reference.as_dict() if self.reference else None,
+            "ratio": self.ratio,
+            "target": self.target,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class LookupMeasurement:
+    """Latency of ``TieredCache.lookup`` of a ``chunks``-chunk prefix held by the slowest tier."""
+
+    chunks: int
+    tokens: int
+    tiers: tuple[str, ...]
+    hit_chunks: int
+    latency: LatencyStats
+    target_s: float = LOOKUP_TARGET_S
+
+    @property
+    def verdict(self) -> str:
+        """PASS when the median lookup is within the target and every chunk was found."""
+        ok = self.latency.p50 <= self.target_s and self.hit_chunks == self.chunks
+        return "PASS" if ok else "MISS"
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return {
+            "chunks": self.chunks,
+            "tokens": self.tokens,
+            "tiers": list(self.tiers),
+            "placement": "slowest tier (every faster tier is asked first)",
+            "hit_chunks": self.hit_chunks,
+            "latency_s": self.latency.as_dict(),
+            "target_s": self.target_s,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass
+class StorageReport:
+    """Everything one ``kvtier bench storage`` run measured."""
+
+    config: StorageBenchConfig
+    environment: BenchEnvironment
+    measurements: list[Measurement] = field(default_factory=list)
+    lookup: LookupMeasurement | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def missed(self) -> list[str]:
+        """Labels of the rows that missed their target."""
+        out = [f"{m.tier} {m.op} depth {m.depth}" for m in self.measurements if m.verdict == "MISS"]
+        if self.lookup is not None and self.lookup.verdict == "MISS":
+            out.append("lookup")
+        return out
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict (what ``--json`` prints)."""
+        return {
+            "benchmark": "storage",
+            "config": self.config.as_dict(),
+            "environment": self.environment.as_dict(),
+            "results": [m.as_dict() for m in self.measurements],
+            "lookup": self.lookup.as_dict() if self.lookup else None,
+            "notes": list(self.notes),
+        }

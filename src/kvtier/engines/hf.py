@@ -255,6 +255,13 @@ class HFEngine:
         """Keys of the full chunks of ``token_ids`` in this engine's namespace."""
         return self.keyer.keys(_as_ids(token_ids).numpy())
 
+    def lookup_hits(self, token_ids) -> int:
+        """Leading full chunks of ``token_ids`` the cache holds now (0 without a cache)."""
+        if self.cache is None:
+            return 0
+        keys = self.keys(token_ids)
+        return int(self.cache.lookup(keys).hit_chunks) if keys else 0
+
     def prefill(self, token_ids) -> PrefillResult:
         """Bring the prompt's KV into a DynamicCache, reusing cached chunks; logits of its end."""
         start = time.perf_counter()

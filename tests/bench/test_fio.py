@@ -56,7 +56,7 @@ def test_real_fio_write_then_read_is_parsed(tmp_path, engine, depth):
 
     read = run_fio(FioJob(tmp_path, "read", bs, blocks, depth, engine, direct, min_seconds=0.05))
     r = read.result
-    assert r.bytes >= blocks * bs and r.bytes % bs == 0  # time-based: whole loops of blocks
+    assert r.bytes > 0 and r.bytes % bs == 0  # time-based: whole blocks until the time is up
     assert r.requests == r.bytes // bs
     assert 0 < r.latency.p50 <= r.latency.p95 <= r.latency.p99
 

@@ -48,6 +48,7 @@ from kvtier.tiers import Tier, TierURL, open_tier
 StepCallback = Callable[[str], None]
 DEFAULT_DATA = 512 * MiB
 PAGE = 4096
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
 PAYLOADS = 8  # distinct random payloads per pass
 NATIVE_REQUEST_BYTES = 256 * MiB
 
@@ -498,10 +499,15 @@ class StorageBench:
                 "reads may come from memory"
             )
         report.notes.append(note)
-        if env.o_direct is False:
+        if env.filesystem in MEMORY_FILESYSTEMS:
             report.notes.append(
-                f"{profile.directory} ({env.filesystem}) has no O_DIRECT (tmpfs?): "
-                "use --dir on a real disk for disk numbers"
+                f"{profile.directory} is on {env.filesystem}, which lives in RAM: the disk rows "
+                "measure memory; use --dir (or a file:// tier) on a real disk"
+            )
+        elif env.o_direct is False:
+            report.notes.append(
+                f"{profile.directory} ({env.filesystem}) has no O_DIRECT: the tier and fio use "
+                "the page cache, dropped before reads only when running as root"
             )
         if self.config.fio and self.fio is None:
             report.notes.append("fio is not installed: no disk reference (apt-get install fio)")

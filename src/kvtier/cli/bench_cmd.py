@@ -78,8 +78,11 @@ def storage(
     ] = 0.3,
     fio: Annotated[bool, typer.Option(help="Run fio as the disk reference when installed.")] = True,
     lookup: Annotated[
-        bool, typer.Option(help="Time TieredCache.lookup of a 512-chunk prefix.")
+        bool, typer.Option(help="Time TieredCache.lookup of a long prefix (target ≤ 1 ms).")
     ] = True,
+    lookup_chunks: Annotated[
+        int, typer.Option(help="Chunks in the looked-up prefix (512 × 256 tokens = 128k).")
+    ] = 512,
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG bar chart here.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
@@ -106,6 +109,7 @@ def storage(
         min_read_seconds=min_read_seconds,
         fio=fio,
         lookup=lookup,
+        lookup_chunks=lookup_chunks,
     )
     err = Console(stderr=True)
     with Progress(

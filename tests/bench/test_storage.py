@@ -1,0 +1,232 @@
+"""`kvtier bench storage` end to end on the real memory and disk tiers, at tiny sizes.
+
+The checks are about consistency (bytes moved, request counts, ordered percentiles, references
+and ratios present, JSON shape, cleanup), never about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench.env import filesystem_of, supports_o_direct
+from kvtier.bench.fio import fio_binary
+from kvtier.bench.report import storage_json, storage_plot, storage_table
+from kvtier.bench.storage import (
+    BenchError,
+    StorageBench,
+    StorageBenchConfig,
+    default_tier_urls,
+    native_request_blocks,
+    with_option,
+)
+from kvtier.errors import ConfigError
+from kvtier.specs import KiB, MiB
+
+BLOCK = 256 * KiB
+BLOCKS = 8
+HAS_FIO = fio_binary() is not None
+
+
+def tiny_config(disk: Path, **kw) -> StorageBenchConfig:
+    base = dict(
+        tiers=("memory://?size=16MiB", f"file://{disk}?size=16MiB"),
+        block_size=BLOCK,
+        chunk_tokens=16,
+        depths=(1, 2),
+        data_size=BLOCKS * BLOCK,
+        min_read_seconds=0.0,
+        lookup_chunks=32,
+        lookup_repeats=5,
+    )
+    return StorageBenchConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def disk_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kvbench")
+
+
+@pytest.fixture(scope="module")
+def report(disk_dir):
+    steps: list[str] = []
+    bench = StorageBench(tiny_config(disk_dir), on_step=steps.append)
+    result = bench.run()
+    assert len(steps) == bench.steps()  # the progress bar ends full
+    return result
+
+
+def test_every_tier_op_and_depth_has_a_row(report):
+    rows = {(m.tier, m.op, m.depth) for m in report.measurements}
+    assert rows == {
+        (t, op, d) for t in ("memory", "disk") for op in ("write", "read") for d in (1, 2)
+    }
+    drives = {m.tier: m.drive for m in report.measurements}
+    assert drives == {"memory": "threads", "disk": "native"}  # the disk tier has its own depth
+
+
+def test_bytes_moved_are_blocks_times_size_and_requests_add_up(report):
+    for m in report.measurements:
+        assert m.result.bytes == BLOCKS * BLOCK, m
+        assert m.block_bytes == BLOCK
+        if m.drive == "threads":
+            assert m.request_blocks == 1
+            assert m.result.requests == BLOCKS
+        else:
+            assert m.request_blocks == min(BLOCKS, native_request_blocks(m.depth, BLOCK))
+            assert m.result.requests == math.ceil(BLOCKS / m.request_blocks)
+        assert m.result.latency.count == m.result.requests
+        assert m.result.seconds > 0 and m.result.gbps > 0
+        assert m.tokens_per_s == pytest.approx(m.result.bandwidth / BLOCK * 16)
+
+
+def test_latency_percentiles_are_ordered(report):
+    for m in report.measurements:
+        lat = m.result.latency
+        assert 0 < lat.p50 <= lat.p95 <= lat.p99 <= lat.max, m
+    lk = report.lookup.latency
+    assert 0 < lk.p50 <= lk.p95 <= lk.p99 <= lk.max
+
+
+def test_memory_rows_compare_with_a_plain_copy(report):
+    for m in report.measurements:
+        if m.tier != "memory":
+            continue
+        assert m.reference is not None and m.reference.kind == "copy"
+        assert m.reference.result.bytes == m.result.bytes
+        assert m.ratio == pytest.approx(m.result.bandwidth / m.reference.result.bandwidth)
+        assert m.target == (0.8 if m.op == "read" else None)
+        assert m.verdict == (("PASS" if m.ratio >= 0.8 else "MISS") if m.op == "read" else None)
+
+
+@pytest.mark.skipif(not HAS_FIO, reason="fio is not installed")
+def test_disk_rows_compare_with_fio_doing_the_same_io(report, disk_dir):
+    for m in report.measurements:
+        if m.tier != "disk":
+            continue
+        ref = m.reference
+        assert ref is not None and ref.kind == "fio", report.notes
+        file_bytes = 4096 + BLOCK  # the tier's header page, then the page-padded payload
+        assert f"--bs={file_bytes}" in ref.detail
+        assert f"--directory={disk_dir}" in ref.detail
+        assert "--sync=dsync" in ref.detail if m.op == "write" else "--sync" not in ref.detail
+        if supports_o_direct(disk_dir):
+            assert "--direct=1" in ref.detail
+        assert ref.result.bytes == BLOCKS * file_bytes
+        assert m.ratio is not None and m.ratio > 0
+        assert m.target == {"read": 0.9, "write": 0.8}[m.op]
+        assert m.verdict in ("PASS", "MISS")
+
+
+def test_lookup_row_finds_the_whole_prefix(report):
+    lk = report.lookup
+    assert lk is not None
+    assert lk.chunks == 32 and lk.tokens == 32 * 16 and lk.hit_chunks == 32
+    assert lk.tiers == ("memory", "disk")
+    assert lk.verdict in ("PASS", "MISS")
+
+
+def test_json_is_complete_and_consistent(report):
+    data = json.loads(storage_json(report))
+    assert data["benchmark"] == "storage"
+    assert data["config"]["block_bytes"] == BLOCK and data["config"]["blocks"] == BLOCKS
+    assert len(data["results"]) == 8
+    for row in data["results"]:
+        assert row["bytes"] == BLOCKS * BLOCK
+        lat = row["latency_s"]
+        assert lat["p50"] <= lat["p95"] <= lat["p99"]
+        assert row["gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
+        if row["reference"] is not None:
+            assert row["ratio"] == pytest.approx(row["gbps"] / row["reference"]["gbps"])
+    assert data["lookup"]["hit_chunks"] == 32
+    env = data["environment"]
+    assert env["fio"].startswith("fio-") if HAS_FIO else env["fio"] is None
+    assert env["o_direct"] in (True, False)
+
+
+def test_table_and_plot_render(report, tmp_path):
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(storage_table(report))
+    text = console.export_text()
+    assert "memory" in text and "disk" in text and "lookup" in text
+    png = storage_plot(report, tmp_path / "bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bench_leaves_no_blocks_behind(report, disk_dir):
+    assert list(disk_dir.iterdir()) == []
+
+
+def test_threaded_drive_on_disk_and_no_fio(tmp_path):
+    cfg = tiny_config(tmp_path, tiers=(f"file://{tmp_path}?size=16MiB",), drive="threads")
+    cfg = StorageBenchConfig(**{**cfg.__dict__, "fio": False, "lookup": False, "depths": (3,)})
+    rep = StorageBench(cfg).run()
+    assert [m.drive for m in rep.measurements] == ["threads", "threads"]
+    for m in rep.measurements:
+        assert m.result.bytes == BLOCKS * BLOCK and m.result.requests == BLOCKS
+        assert m.reference is None and m.ratio is None and m.verdict is None
+    assert rep.lookup is None
+
+
+def test_repeats_report_the_median_pass(tmp_path):
+    cfg = tiny_config(tmp_path, tiers=("memory://?size=16MiB",), repeats=3, lookup=False)
+    rep = StorageBench(cfg).run()
+    for m in rep.measurements:
+        assert len(m.samples_gbps) == 3
+        assert m.result.gbps == pytest.approx(sorted(m.samples_gbps)[1])
+        assert len(m.reference.samples_gbps) == 3
+
+
+def test_too_small_tier_and_bad_options_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="size="):
+        StorageBench(tiny_config(tmp_path, tiers=("memory://?size=1MiB",))).run()
+    with pytest.raises(ConfigError, match="drive threads"):
+        StorageBench(tiny_config(tmp_path, tiers=("memory://?size=16MiB",), drive="native")).run()
+    with pytest.raises(ConfigError):
+        tiny_config(tmp_path, depths=(0,))
+    with pytest.raises(ConfigError):
+        tiny_config(tmp_path, drive="fast")
+    assert issubclass(BenchError, Exception)
+
+
+def test_default_block_is_model_kv_bytes_times_chunk():
+    cfg = StorageBenchConfig(tiers=("memory://?size=1GiB",), model="llama-3.1-8b")
+    assert cfg.block_bytes == 131072 * 256 == 32 * MiB
+    assert cfg.block_meta.dtype == "bf16" and cfg.block_meta.shape == (32, 2, 8, 256, 128)
+    small = StorageBenchConfig(tiers=("memory://?size=1GiB",))
+    assert small.block_bytes == 23040 * 256  # smollm2-135m: 5.6 MiB
+
+
+def test_url_helpers(tmp_path):
+    url = with_option(f"file://{tmp_path}?size=1GiB&depth=8", "depth", "4")
+    assert url.startswith(f"file://{tmp_path}?") and "depth=4" in url and "depth=8" not in url
+    assert "size=1GiB" in url
+    mem, disk = default_tier_urls(tmp_path, 512 * MiB)
+    assert mem.startswith("memory://?size=") and disk.startswith(f"file://{tmp_path}?size=")
+    assert native_request_blocks(4, 1 * MiB) == 16  # the queue filled 4 times
+    assert native_request_blocks(16, 32 * MiB) == 16  # capped near 256 MiB a request
+
+
+def test_o_direct_probe_matches_the_filesystem(tmp_path):
+    if filesystem_of(tmp_path) in ("ext4", "xfs", "btrfs"):
+        assert supports_o_direct(tmp_path) is True
+
+
+@pytest.mark.skipif(filesystem_of(Path("/dev/shm")) != "tmpfs", reason="no tmpfs at /dev/shm")
+def test_a_disk_tier_in_ram_is_called_out(tmp_path):
+    shm = Path(tempfile.mkdtemp(prefix="kvtier-bench-test-", dir="/dev/shm"))
+    try:
+        cfg = tiny_config(shm, tiers=(f"file://{shm}?size=16MiB",), fio=False, lookup=False)
+        cfg = StorageBenchConfig(**{**cfg.__dict__, "depths": (1,)})
+        rep = StorageBench(cfg).run()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    assert rep.environment.filesystem == "tmpfs"
+    assert any("lives in RAM" in note for note in rep.notes), rep.notes

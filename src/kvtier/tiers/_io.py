@@ -1,9 +1,11 @@
 """Parallel positional I/O for the disk tier: a thread pool of preadv/pwritev, or io_uring.
 
-Both backends run the same loop: ``prepare(i)`` (in the calling thread) opens a file and names
-its buffers, at most ``depth`` operations are in flight, and ``complete(i, result)`` (in the
-calling thread again) checks and publishes each one as it finishes. Only the system calls run
-in parallel, so the tier's bookkeeping needs no extra locking.
+Both backends run the same steps per operation: ``prepare(i)`` opens a file and names its
+buffers, the read or write runs with at most ``depth`` operations in flight, and
+``complete(i, result)`` checks and publishes it. The thread pool runs all three steps in its
+workers, so checksums, copies and system calls of different blocks overlap on several cores;
+io_uring runs ``prepare``/``complete`` in the calling thread while the kernel does the I/O.
+Callers therefore make both callbacks thread-safe.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
@@ -81,14 +83,16 @@ class IOBackend(ABC):
     @abstractmethod
     def run(self, count: int, prepare: Prepare, complete: Complete) -> None:
         """Run ``count`` operations: ``prepare(i)`` returns the op (or None: nothing to do for
-        ``i``), ``complete(i, result)`` gets bytes moved or ``-errno``. Both must not raise."""
+        ``i``), ``complete(i, result)`` gets bytes moved or ``-errno``. Neither may raise; both
+        may be called from worker threads."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release threads or rings."""
 
 
 class ThreadIO(IOBackend):
-    """``depth`` threads doing blocking ``os.preadv``/``os.pwritev`` (GIL released in the call)."""
+    """``depth`` threads, each preparing, doing (blocking ``os.preadv``/``os.pwritev``, GIL
+    released) and completing whole operations."""
 
     name = "threads"
     ioengine = "psync"
@@ -97,23 +101,18 @@ class ThreadIO(IOBackend):
         super().__init__(depth)
         self._pool = ThreadPoolExecutor(depth, thread_name_prefix="kvtier-disk-io")
 
+    @staticmethod
+    def _one(i: int, prepare: Prepare, complete: Complete) -> None:
+        op = prepare(i)
+        if op is not None:
+            complete(i, run_inline(op))
+
     def run(self, count: int, prepare: Prepare, complete: Complete) -> None:
-        inflight: dict[Future, int] = {}
-        i = 0
-        try:
-            while i < count or inflight:
-                while i < count and len(inflight) < self.depth:
-                    op = prepare(i)
-                    if op is not None:
-                        inflight[self._pool.submit(run_inline, op)] = i
-                    i += 1
-                if inflight:
-                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        complete(inflight.pop(fut), fut.result())
-        finally:  # never hand buffers back while a thread may still write into them
-            for fut in inflight:
-                fut.exception()
+        futures = [self._pool.submit(self._one, i, prepare, complete) for i in range(count)]
+        errors = [fut.exception() for fut in futures]  # waits for all: the pool bounds the depth
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

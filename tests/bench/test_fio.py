@@ -62,6 +62,20 @@ def test_real_fio_write_then_read_is_parsed(tmp_path, engine, depth):
 
 
 @needs_fio
+def test_per_block_layout_makes_one_file_per_block(tmp_path):
+    job = FioJob(tmp_path, "write", 64 * KiB, 6, depth=2, ioengine="psync", layout="per-block")
+    res = run_fio(job)
+    assert res.result.bytes == 6 * 64 * KiB and res.result.requests == 6
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted(p.name for p in job.paths()) and len(files) == 6
+    assert all(p.stat().st_size == 64 * KiB for p in job.paths())
+    read = run_fio(FioJob(tmp_path, "read", 64 * KiB, 6, 2, "psync", layout="per-block"))
+    assert read.result.bytes == 6 * 64 * KiB
+    job.remove_files()
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_fio
 def test_parser_skips_warnings_before_the_json(tmp_path):
     job = FioJob(tmp_path, "write", 64 * KiB, 4, 1, "psync", direct=False)
     res = run_fio(job)

@@ -45,10 +45,13 @@ def fio_version(binary: str | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class FioJob:
-    """One fio pass over ``blocks`` blocks of ``block_size`` bytes in ``directory/filename``.
+    """One fio pass over ``blocks`` blocks of ``block_size`` bytes in ``directory``.
 
-    ``min_seconds`` > 0 makes the pass time-based: fio loops over its region for that long
-    (used for reads, so short data sets still give a stable rate). ``sync`` opens the file for
+    ``layout="file"``: every job works on its own region of one file, ``directory/filename``.
+    ``layout="per-block"``: one file of ``block_size`` bytes per block (``filename.<job>.<n>``),
+    visited in order, the way a tier that stores one file per block lays its data out.
+    ``min_seconds`` > 0 makes the pass time-based: fio loops over its blocks for that long
+    (used for reads, so short data sets still give a stable rate). ``sync`` opens the files for
     writes with O_SYNC or O_DSYNC, as a tier that makes every block durable does.
     """
 
@@ -62,6 +65,7 @@ class FioJob:
     filename: str = "kvtier-fio.dat"
     min_seconds: float = 0.0
     sync: str = "none"  # writes: "none", "sync" (O_SYNC) or "dsync" (O_DSYNC)
+    layout: Literal["file", "per-block"] = "file"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.blocks <= 0 or self.depth <= 0:
@@ -70,6 +74,10 @@ class FioJob:
             raise FioError(
                 f"O_DIRECT needs a block size that is a multiple of 512 B, got {self.block_size}"
             )
+        if self.layout not in ("file", "per-block"):
+            raise FioError(f"unknown fio layout {self.layout!r}; use file or per-block")
+        if not self.filename or "/" in self.filename or ":" in self.filename:
+            raise FioError(f"fio file name {self.filename!r} must be a plain name")
 
     @property
     def jobs(self) -> int:
@@ -82,26 +90,58 @@ class FioJob:
         return self.depth if self.ioengine in ASYNC_ENGINES else 1
 
     @property
+    def blocks_per_job(self) -> int:
+        """Blocks each job covers (whole blocks; the jobs together cover every block)."""
+        return math.ceil(self.blocks / self.jobs)
+
+    @property
     def bytes_per_job(self) -> int:
-        """Size of each job's region of the file (whole blocks)."""
-        return math.ceil(self.blocks / self.jobs) * self.block_size
+        """Bytes each job covers."""
+        return self.blocks_per_job * self.block_size
 
     @property
     def file_size(self) -> int:
-        """Bytes the file spans once every job has written its region."""
+        """Bytes the data spans once every job has written its blocks."""
         return self.bytes_per_job * self.jobs
+
+    def paths(self) -> list[Path]:
+        """The files this job reads or writes."""
+        if self.layout == "file":
+            return [self.directory / self.filename]
+        return [
+            self.directory / f"{self.filename}.{j}.{n}"
+            for j in range(self.jobs)
+            for n in range(self.blocks_per_job)
+        ]
+
+    def remove_files(self) -> None:
+        """Delete the job's files (missing ones are fine)."""
+        for path in self.paths():
+            path.unlink(missing_ok=True)
 
     def args(self) -> list[str]:
         """fio command-line arguments (without the binary)."""
+        if self.layout == "file":
+            where = [
+                "--name=kvtier",
+                f"--directory={self.directory}",  # before --filename, which it anchors
+                f"--filename={self.filename}",
+                f"--offset_increment={self.bytes_per_job}",
+            ]
+        else:
+            where = [
+                f"--name={self.filename}",
+                f"--directory={self.directory}",
+                f"--nrfiles={self.blocks_per_job}",
+                f"--filesize={self.block_size}",
+                "--file_service_type=sequential",
+            ]
         args = [
-            "--name=kvtier",
+            *where,
             "--thread",
-            f"--directory={self.directory}",
-            f"--filename={self.filename}",
             f"--rw={self.op}",
             f"--bs={self.block_size}",
             f"--size={self.bytes_per_job}",
-            f"--offset_increment={self.bytes_per_job}",
             f"--numjobs={self.jobs}",
             f"--iodepth={self.iodepth}",
             f"--ioengine={self.ioengine}",

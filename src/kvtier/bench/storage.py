@@ -1,16 +1,16 @@
 """``kvtier bench storage``: write then read KV-shaped blocks through each tier and a reference.
 
 For every tier and every depth: a write pass (``put_many``) of fresh blocks, a read pass
-(``get_many_into``) of the same blocks, then the same pattern through the reference: fio on the
-disk tier's directory (same file size per block, depth, engine, O_DIRECT and O_DSYNC as the
-tier), or plain copies between preallocated buffers for the memory tier. Rates are decimal GB/s
-of payload.
+(``get_many_into``) of the same blocks, then the same pattern through the reference: fio in the
+disk tier's directory with one file per block of the tier's block-file size, at the same depth,
+engine, O_DIRECT and O_DSYNC as the tier; or plain copies between preallocated buffers for the
+memory tier. Rates are decimal GB/s of payload.
 
 Depth is reached the way the cache would reach it: a tier with its own parallel I/O (the disk
 tier's ``depth=`` backend) is reopened at each depth and fed by one caller in requests of
 several blocks (``native``); other tiers get that many caller threads (``threads``). Both sides
-start from a warm state: one untimed write pass per tier (and per fio file) first, so timed
-writes reuse allocated memory and files, as a long-running cache does.
+start warm: one untimed write pass per tier (and per fio file set) first, so timed writes reuse
+allocated memory and files, as a long-running cache does.
 """
 
 from __future__ import annotations
@@ -268,7 +268,6 @@ class StorageBench:
         profile = disk_io_profile(tier)
         self._tier_notes(tier, profile, report)
         copy_ref: CopyReference | None = None
-        fio_file: Path | None = None
         rows: list[Measurement] = []
         try:
             self._check_capacity(url, tier, items, block, profile)
@@ -309,8 +308,8 @@ class StorageBench:
                         refs = self._copy_reference(copy_ref, plan, read_plan)
                     elif profile is not None and self.fio is not None:
                         engine = profile.ioengine if native else "psync"
-                        fio_file, refs = self._fio_reference(
-                            profile, engine, depth, items, read_plan.min_seconds, fio_file, report
+                        refs = self._fio_reference(
+                            profile, engine, depth, items, read_plan.min_seconds, report
                         )
                     for op, ref in refs.items():
                         ref_runs[op].append(ref)
@@ -342,8 +341,6 @@ class StorageBench:
             tier.close()
             if copy_ref is not None:
                 copy_ref.close()
-            if fio_file is not None:
-                fio_file.unlink(missing_ok=True)
         return rows
 
     def _payload_pool(self, items: int) -> list[np.ndarray]:
@@ -438,27 +435,28 @@ class StorageBench:
         depth: int,
         items: int,
         min_seconds: float,
-        fio_file: Path | None,
         report: StorageReport,
-    ) -> tuple[Path | None, dict[str, Reference]]:
-        """fio write (then read) of the same files sizes; the first call lays the file out."""
-        name = f"kvtier-fio-{os.getpid()}.dat"
-        bs = profile.file_bytes(self.config.block_bytes)
+    ) -> dict[str, Reference]:
+        """fio over one file per block, each the size of the tier's block file, in its folder.
+
+        An untimed write lays the files out first (the tier's timed writes reuse files too);
+        then a timed write over them and a timed read; the files are removed at the end.
+        """
         common = dict(
             directory=profile.directory,
-            block_size=bs,
+            block_size=profile.file_bytes(self.config.block_bytes),
             blocks=items,
             depth=depth,
             ioengine=engine,
             direct=profile.direct,
-            filename=name,
+            filename=f"kvtier-fio-{os.getpid()}",
             sync="dsync" if profile.sync else "none",
+            layout="per-block",
         )
         out: dict[str, Reference] = {}
+        layout = FioJob(op="write", **common)
         try:
-            if fio_file is None:  # untimed: allocate the file, as the tier's warm-up did
-                run_fio(FioJob(op="write", **{**common, "depth": max(self.config.depths)}))
-                fio_file = profile.directory / name
+            run_fio(layout, self.fio)
             for op, min_s in (("write", 0.0), ("read", min_seconds)):
                 if op == "read" and not profile.direct:
                     drop_caches()
@@ -466,7 +464,9 @@ class StorageBench:
                 out[op] = Reference("fio", res.result, " ".join(res.command[1:]))
         except FioError as exc:
             report.notes.append(f"fio reference failed at depth {depth}: {exc}")
-        return fio_file, out
+        finally:
+            layout.remove_files()
+        return out
 
     # --- lookup and notes -------------------------------------------------------------------
     def _lookup(self, report: StorageReport) -> None:

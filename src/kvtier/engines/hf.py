@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from kvtier.engines.kv_layout import (
     LAYOUT,
     HostStaging,
+    KVBuffer,
     KVLayout,
     chunk_payloads,
     chunks_to_kv,
@@ -169,6 +170,12 @@ def model_namespace(
     )
 
 
+def forward_keywords(model) -> tuple[str, bool]:
+    """(name of the forward's cache argument, whether it takes ``logits_to_keep``)."""
+    params = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+
+
 def _as_ids(token_ids) -> torch.Tensor:
     ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
     if ids.numel() == 0:
@@ -217,10 +224,9 @@ class HFEngine:
         self.device = torch.device(device) if device is not None else model.device
         self.meta = self.layout.meta(self.chunk_tokens)
         self._staging = HostStaging(self.layout, self.chunk_tokens)
+        self._kv_buffer = KVBuffer(self.layout, self.chunk_tokens, self.device)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keep_kw = "logits_to_keep" in params
+        self._cache_kw, self._keep_kw = forward_keywords(model)
         self._exporter: ThreadPoolExecutor | None = None
         self._pending: set[Future] = set()
         self._lock = threading.Lock()
@@ -315,7 +321,8 @@ class HFEngine:
         tiers = list(getattr(result, "tiers", []) or found.tiers[:got])
         if tiers:
             record.tier = found.names[max(tiers)]
-        kv = chunks_to_kv(self._staging.chunks(got), self.device, self._stream)
+        dest = self._kv_buffer.take(got)
+        kv = chunks_to_kv(self._staging.chunks(got), self.device, self._stream, out=dest)
         return kv_to_cache(kv, self.model.config)
 
     def _store_async(self, kv_cache, keys: list[bytes], first: int, record: RequestRecord):

@@ -126,27 +126,66 @@ class HostStaging:
         return self._raw[:n].view(self.layout.dtype).view(n, *shape)
 
 
-def chunks_to_kv(
-    chunks: torch.Tensor, device: torch.device | str, stream: torch.cuda.Stream | None = None
-) -> torch.Tensor:
-    """(n, L, 2, kv, C, hd) host chunks → one (L, 2, kv, n·C, hd) tensor on ``device``.
+class KVBuffer:
+    """A reusable (L, 2, kv_heads, chunks, C, hd) tensor on the model's device for loaded chunks.
 
-    One copy on the CPU (the transposing memcpy). On CUDA the host chunks (pinned) are copied
-    on ``stream`` without blocking the host, transposed on the device, and the current stream
-    is made to wait for them.
+    The DynamicCache built from it only feeds the first forward after a load (which concatenates
+    the new tokens into fresh tensors), so the buffer is free again once that forward returns.
+    Reusing it spares the page faults of a fresh allocation per request.
+    """
+
+    def __init__(self, layout: KVLayout, chunk_tokens: int, device: torch.device | str):
+        self.layout = layout
+        self.chunk_tokens = chunk_tokens
+        self.device = torch.device(device)
+        self._data: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Chunks the buffer holds now."""
+        return 0 if self._data is None else self._data.shape[3]
+
+    def take(self, n: int) -> torch.Tensor:
+        """A (L, 2, kv_heads, n, C, hd) view for ``n`` chunks (growing the buffer if needed)."""
+        if n > self.capacity:
+            lay = self.layout
+            shape = (lay.layers, 2, lay.kv_heads, max(n, 2 * self.capacity))
+            self._data = torch.empty(
+                (*shape, self.chunk_tokens, lay.head_dim), dtype=lay.dtype, device=self.device
+            )
+        return self._data[:, :, :, :n]
+
+
+def chunks_to_kv(
+    chunks: torch.Tensor,
+    device: torch.device | str,
+    stream: torch.cuda.Stream | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(n, L, 2, kv, C, hd) host chunks → one (L, 2, kv, n·C, hd) tensor (view) on ``device``.
+
+    ``out`` (e.g. :meth:`KVBuffer.take`) is a (L, 2, kv, n, C, hd) destination; a fresh one is
+    allocated when None. One copy on the CPU (the transposing memcpy). On CUDA the pinned host
+    chunks are copied on ``stream`` without blocking the host, transposed on the device, and the
+    current stream waits for them.
     """
     n, layers, two, kv, c, hd = chunks.shape
     device = torch.device(device)
+    shape = (layers, two, kv, n, c, hd)
+    if out is not None and tuple(out.shape) != shape:
+        raise ConfigError(f"KV destination has shape {tuple(out.shape)}, expected {shape}")
     if device.type != "cuda":
-        out = torch.empty((layers, two, kv, n, c, hd), dtype=chunks.dtype, device=device)
+        if out is None:
+            out = torch.empty(shape, dtype=chunks.dtype, device=device)
         out.copy_(chunks.permute(1, 2, 3, 0, 4, 5))
         return out.view(layers, two, kv, n * c, hd)
     main = torch.cuda.current_stream(device)
     side = stream or main
     with torch.cuda.stream(side):
-        side.wait_stream(main)
+        side.wait_stream(main)  # the previous user of ``out`` is done
         staged = chunks.to(device, non_blocking=True)
-        out = torch.empty((layers, two, kv, n, c, hd), dtype=chunks.dtype, device=device)
+        if out is None:
+            out = torch.empty(shape, dtype=chunks.dtype, device=device)
         out.copy_(staged.permute(1, 2, 3, 0, 4, 5))
     if side is not main:
         main.wait_stream(side)

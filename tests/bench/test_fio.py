@@ -69,8 +69,8 @@ def test_per_block_layout_makes_one_file_per_block(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == sorted(p.name for p in job.paths()) and len(files) == 6
     assert all(p.stat().st_size == 64 * KiB for p in job.paths())
-    read = run_fio(FioJob(tmp_path, "read", 64 * KiB, 6, 2, "psync", layout="per-block"))
-    assert read.result.bytes == 6 * 64 * KiB
+    read = run_fio(FioJob(tmp_path, "read", 64 * KiB, 6, 2, "psync", layout="per-block", loops=2))
+    assert read.result.bytes == 2 * 6 * 64 * KiB and read.result.requests == 12
     job.remove_files()
     assert list(tmp_path.iterdir()) == []
 

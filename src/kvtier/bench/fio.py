@@ -50,9 +50,9 @@ class FioJob:
     ``layout="file"``: every job works on its own region of one file, ``directory/filename``.
     ``layout="per-block"``: one file of ``block_size`` bytes per block (``filename.<job>.<n>``),
     visited in order, the way a tier that stores one file per block lays its data out.
-    ``min_seconds`` > 0 makes the pass time-based: fio loops over its blocks for that long
-    (used for reads, so short data sets still give a stable rate). ``sync`` opens the files for
-    writes with O_SYNC or O_DSYNC, as a tier that makes every block durable does.
+    ``loops`` repeats the pass over the same blocks; ``min_seconds`` > 0 makes it time-based
+    instead (fio stops issuing at that time; I/Os cut short are not counted). ``sync`` opens
+    the files for writes with O_SYNC or O_DSYNC, as a tier that makes every block durable does.
     """
 
     directory: Path
@@ -66,6 +66,7 @@ class FioJob:
     min_seconds: float = 0.0
     sync: str = "none"  # writes: "none", "sync" (O_SYNC) or "dsync" (O_DSYNC)
     layout: Literal["file", "per-block"] = "file"
+    loops: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.blocks <= 0 or self.depth <= 0:
@@ -74,6 +75,8 @@ class FioJob:
             raise FioError(
                 f"O_DIRECT needs a block size that is a multiple of 512 B, got {self.block_size}"
             )
+        if self.loops < 1:
+            raise FioError(f"fio loops must be at least 1, got {self.loops}")
         if self.layout not in ("file", "per-block"):
             raise FioError(f"unknown fio layout {self.layout!r}; use file or per-block")
         if not self.filename or "/" in self.filename or ":" in self.filename:
@@ -151,6 +154,8 @@ class FioJob:
             "--percentile_list=50:95:99",
             "--output-format=json",
         ]
+        if self.loops > 1:
+            args.append(f"--loops={self.loops}")
         if self.min_seconds > 0:
             args += ["--time_based", f"--runtime={max(1, round(self.min_seconds * 1000))}ms"]
         if self.sync != "none" and self.op == "write":

@@ -308,9 +308,8 @@ class StorageBench:
                         refs = self._copy_reference(copy_ref, plan, read_plan)
                     elif profile is not None and self.fio is not None:
                         engine = profile.ioengine if native else "psync"
-                        refs = self._fio_reference(
-                            profile, engine, depth, items, read_plan.min_seconds, report
-                        )
+                        rounds = max(1, round(runs["read"][-1].bytes / (items * block)))
+                        refs = self._fio_reference(profile, engine, depth, items, rounds, report)
                     for op, ref in refs.items():
                         ref_runs[op].append(ref)
                     self.on_step(f"{label}: reference")
@@ -434,13 +433,15 @@ class StorageBench:
         engine: str,
         depth: int,
         items: int,
-        min_seconds: float,
+        read_loops: int,
         report: StorageReport,
     ) -> dict[str, Reference]:
         """fio over one file per block, each the size of the tier's block file, in its folder.
 
         An untimed write lays the files out first (the tier's timed writes reuse files too);
-        then a timed write over them and a timed read; the files are removed at the end.
+        then a timed write over them and a timed read of ``read_loops`` rounds (as many as the
+        tier's read pass did), both sized, not timed, so every I/O counts on both sides; the
+        files are removed at the end.
         """
         common = dict(
             directory=profile.directory,
@@ -457,10 +458,10 @@ class StorageBench:
         layout = FioJob(op="write", **common)
         try:
             run_fio(layout, self.fio)
-            for op, min_s in (("write", 0.0), ("read", min_seconds)):
+            for op, loops in (("write", 1), ("read", read_loops)):
                 if op == "read" and not profile.direct:
                     drop_caches()
-                res = run_fio(FioJob(op=op, min_seconds=min_s, **common), self.fio)
+                res = run_fio(FioJob(op=op, loops=loops, **common), self.fio)
                 out[op] = Reference("fio", res.result, " ".join(res.command[1:]))
         except FioError as exc:
             report.notes.append(f"fio reference failed at depth {depth}: {exc}")

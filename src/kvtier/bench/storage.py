@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -211,6 +211,27 @@ def default_tier_urls(directory: Path | None = None, data_size: int = DEFAULT_DA
 # --- the run -----------------------------------------------------------------------------------
 
 
+@dataclass
+class _TierRun:
+    """One tier under test: its URL, the open tier (reopened per depth when native), refs."""
+
+    url: str
+    tier: Tier
+    native: bool
+    profile: DiskIOProfile | None
+    pool: list[np.ndarray] = field(default_factory=list)
+    copy_ref: CopyReference | None = None
+
+
+def _median_reference(refs: Sequence[Reference]) -> Reference | None:
+    """The reference pass of median bandwidth, carrying every repeat's rate."""
+    if not refs:
+        return None
+    mid = median_pass([x.result for x in refs])
+    ref = next(x for x in refs if x.result is mid)
+    return replace(ref, samples_gbps=tuple(x.result.gbps for x in refs))
+
+
 class StorageBench:
     """Runs the storage benchmark described by a config; ``on_step`` hears each finished step."""
 
@@ -257,90 +278,87 @@ class StorageBench:
     def _bench_url(self, url: str, report: StorageReport) -> list[Measurement]:
         cfg = self.config
         block, items = cfg.block_bytes, cfg.blocks
-        ns = self.namespace.id
-        tier = open_tier(url, ns)
+        tier = open_tier(url, self.namespace.id)
         native = cfg.drive == "native" or (cfg.drive == "auto" and native_depth(tier) is not None)
         if native and native_depth(tier) is None:
             tier.close()
             raise ConfigError(f"tier {url} has no I/O depth of its own; use --drive threads")
         if native and "depth" in TierURL.parse(url).options:
             report.notes.append(f"{tier.name}: the depth= option of {url} is replaced by --depth")
-        profile = disk_io_profile(tier)
-        self._tier_notes(tier, profile, report)
-        copy_ref: CopyReference | None = None
+        run = _TierRun(url, tier, native, disk_io_profile(tier))
+        self._tier_notes(tier, run.profile, report)
         rows: list[Measurement] = []
         try:
-            self._check_capacity(url, tier, items, block, profile)
-            pool = self._payload_pool(items)
+            self._check_capacity(url, tier, items, block, run.profile)
+            run.pool = self._payload_pool(items)
             # warm-up: map the tier's memory / create its files once, untimed
             warm = self._keys(url, 0, items)
-            self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), pool)
+            self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), run.pool)
             tier.delete_many(warm)
             if tier.scheme == "memory":
-                copy_ref = CopyReference(items, block)
+                run.copy_ref = CopyReference(items, block)
             self.on_step(f"{tier.name}: warm-up")
             for depth in cfg.depths:
                 if native:
-                    tier.close()
-                    tier = open_tier(with_option(url, "depth", str(depth)), ns)
-                    request = min(items, cfg.batch or native_request_blocks(depth, block))
-                    plan = PassPlan(items, block, 1, request)
-                else:
-                    request = min(items, cfg.batch or 1)
-                    plan = PassPlan(items, block, depth, request)
-                read_plan = PassPlan(
-                    items, block, plan.depth, plan.batch, min_seconds=cfg.min_read_seconds
-                )
-                runs: dict[str, list[PassResult]] = {"write": [], "read": []}
-                ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
-                for r in range(cfg.repeats):  # kvtier and reference alternate: drift hits both
-                    label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
-                    keys = self._keys(url, depth * 1000 + r, items)
-                    runs["write"].append(self._write(tier, keys, plan, pool))
-                    self.on_step(f"{label}: kvtier write")
-                    if profile and not profile.direct:
-                        drop_caches()
-                    runs["read"].append(self._read(tier, keys, read_plan, pool))
-                    self.on_step(f"{label}: kvtier read")
-                    tier.delete_many(keys)
-                    refs: dict[str, Reference] = {}
-                    if copy_ref is not None:
-                        refs = self._copy_reference(copy_ref, plan, read_plan)
-                    elif profile is not None and self.fio is not None:
-                        engine = profile.ioengine if native else "psync"
-                        rounds = max(1, round(runs["read"][-1].bytes / (items * block)))
-                        refs = self._fio_reference(profile, engine, depth, items, rounds, report)
-                    for op, ref in refs.items():
-                        ref_runs[op].append(ref)
-                    self.on_step(f"{label}: reference")
-                for op in ("write", "read"):
-                    refs_op = ref_runs[op]
-                    ref = None
-                    if refs_op:
-                        mid = median_pass([x.result for x in refs_op])
-                        ref = next(x for x in refs_op if x.result is mid)
-                        ref = replace(ref, samples_gbps=tuple(x.result.gbps for x in refs_op))
-                    rows.append(
-                        Measurement(
-                            tier=tier.name,
-                            url=url,
-                            scheme=tier.scheme,
-                            op=op,
-                            depth=depth,
-                            drive="native" if native else "threads",
-                            request_blocks=request,
-                            block_bytes=block,
-                            chunk_tokens=cfg.chunk_tokens,
-                            result=median_pass(runs[op]),
-                            reference=ref,
-                            samples_gbps=tuple(x.gbps for x in runs[op]),
-                        )
-                    )
+                    run.tier.close()
+                    run.tier = open_tier(with_option(url, "depth", str(depth)), self.namespace.id)
+                rows += self._measure_depth(run, depth, report)
         finally:
-            tier.close()
-            if copy_ref is not None:
-                copy_ref.close()
+            run.tier.close()
+            if run.copy_ref is not None:
+                run.copy_ref.close()
         return rows
+
+    def _measure_depth(self, run: _TierRun, depth: int, report: StorageReport) -> list[Measurement]:
+        """``repeats`` rounds of kvtier write, read, then the reference; the median of each."""
+        cfg = self.config
+        block, items, tier = cfg.block_bytes, cfg.blocks, run.tier
+        if run.native:
+            request = min(items, cfg.batch or native_request_blocks(depth, block))
+            plan = PassPlan(items, block, 1, request)
+        else:
+            request = min(items, cfg.batch or 1)
+            plan = PassPlan(items, block, depth, request)
+        read_plan = PassPlan(items, block, plan.depth, plan.batch, cfg.min_read_seconds)
+        runs: dict[str, list[PassResult]] = {"write": [], "read": []}
+        ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
+        for r in range(cfg.repeats):  # kvtier and reference alternate: drift hits both
+            label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
+            keys = self._keys(run.url, depth * 1000 + r + 1, items)
+            runs["write"].append(self._write(tier, keys, plan, run.pool))
+            self.on_step(f"{label}: kvtier write")
+            if run.profile and not run.profile.direct:
+                drop_caches()
+            runs["read"].append(self._read(tier, keys, read_plan, run.pool))
+            self.on_step(f"{label}: kvtier read")
+            tier.delete_many(keys)
+            refs: dict[str, Reference] = {}
+            if run.copy_ref is not None:
+                refs = self._copy_reference(run.copy_ref, plan, read_plan)
+            elif run.profile is not None and self.fio is not None:
+                engine = run.profile.ioengine if run.native else "psync"
+                rounds = max(1, round(runs["read"][-1].bytes / (items * block)))
+                refs = self._fio_reference(run.profile, engine, depth, items, rounds, report)
+            for op, ref in refs.items():
+                ref_runs[op].append(ref)
+            self.on_step(f"{label}: reference")
+        return [
+            Measurement(
+                tier=tier.name,
+                url=run.url,
+                scheme=tier.scheme,
+                op=op,
+                depth=depth,
+                drive="native" if run.native else "threads",
+                request_blocks=request,
+                block_bytes=block,
+                chunk_tokens=cfg.chunk_tokens,
+                result=median_pass(runs[op]),
+                reference=_median_reference(ref_runs[op]),
+                samples_gbps=tuple(x.gbps for x in runs[op]),
+            )
+            for op in ("write", "read")
+        ]
 
     def _payload_pool(self, items: int) -> list[np.ndarray]:
         """A few random payloads; block ``i`` is written from ``pool[i % len(pool)]``."""

@@ -97,7 +97,8 @@ class BufferPool:
         with self._lock:
             self._free.append(buf)
             if len(self._free) > self.keep:
-                self._free.remove(min(self._free, key=lambda b: b.nbytes))
+                free = self._free
+                free.pop(min(range(len(free)), key=lambda i: free[i].nbytes))
 
     def clear(self) -> None:
         """Drop every free buffer."""

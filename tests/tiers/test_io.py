@@ -1,0 +1,173 @@
+"""Aligned buffers, the raw io_uring ring, the I/O backends, the slab arena, recycled files."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.errors import ConfigError
+from kvtier.tiers import _uring
+from kvtier.tiers._aligned import PAGE, BufferPool, address, aligned_array, is_aligned
+from kvtier.tiers._freefiles import FreeFiles, sole_opener
+from kvtier.tiers._io import BACKENDS, IOOp, make_backend, run_inline, uring_available
+from kvtier.tiers._slab import SlabArena
+
+URING = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
+
+
+def test_aligned_array_is_page_aligned_and_sized():
+    for n in (1, 4096, 5000, 5 << 20):
+        a = aligned_array(n)
+        assert a.nbytes == n and address(a) % PAGE == 0 and is_aligned(a)
+        a[:] = 7  # writable
+    assert not is_aligned(np.empty(PAGE + 1, np.uint8)[1:])
+
+
+def test_buffer_pool_reuses_buffers():
+    pool = BufferPool(keep=2)
+    a = pool.take(5000)
+    assert a.nbytes >= 5000 and is_aligned(a)
+    pool.give(a)
+    b = pool.take(3000)  # the free one fits: same memory
+    assert address(b) == address(a)
+    c = pool.take(3000)  # none free: a new one
+    assert address(c) != address(b)
+    for buf in (b, c, pool.take(1 << 21)):
+        pool.give(buf)
+    assert len(pool._free) == 2  # keeps at most ``keep``
+
+
+def _file(tmp_path: Path, data: bytes) -> str:
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_run_inline_reads_and_writes_vectors(tmp_path: Path):
+    data = os.urandom(3 * PAGE)
+    path = _file(tmp_path, data)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        bufs = [bytearray(100), bytearray(PAGE), bytearray(3 * PAGE)]
+        assert run_inline(IOOp(fd, bufs, 0)) == 3 * PAGE  # short at end of file
+        assert bytes(bufs[0]) + bytes(bufs[1]) == data[: 100 + PAGE]
+        assert run_inline(IOOp(fd, [b"abc", b"def"], 10, write=True)) == 6
+        assert os.pread(fd, 6, 10) == b"abcdef"
+    finally:
+        os.close(fd)
+    assert run_inline(IOOp(-1, [bytearray(10)])) < 0  # an error comes back as -errno
+
+
+@pytest.mark.parametrize("name", ["threads", pytest.param("uring", marks=URING)])
+def test_backends_run_many_ops_with_bounded_depth(tmp_path: Path, name: str):
+    data = os.urandom(64 * PAGE)
+    path = _file(tmp_path, data)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    backend = make_backend(name, 4)
+    try:
+        outs = [aligned_array(PAGE) for _ in range(64)]
+        results: dict[int, int] = {}
+        lock = threading.Lock()
+
+        def prepare(i):
+            return None if i % 7 == 3 else IOOp(fd, [outs[i]], i * PAGE)
+
+        def complete(i, res):
+            with lock:
+                results[i] = res
+
+        backend.run(64, prepare, complete)
+        assert results == {i: PAGE for i in range(64) if i % 7 != 3}
+        for i in results:
+            assert outs[i].tobytes() == data[i * PAGE : (i + 1) * PAGE]
+        backend.run(0, prepare, complete)
+    finally:
+        backend.close()
+        os.close(fd)
+
+
+def test_unknown_backend():
+    with pytest.raises(ConfigError):
+        make_backend("aio", 4)
+    with pytest.raises(ConfigError):
+        make_backend("threads", 0)
+    assert set(BACKENDS) == {"threads", "uring"}
+
+
+@URING
+def test_uring_ring_reads_and_writes(tmp_path: Path):
+    path = _file(tmp_path, bytes(4 * PAGE))
+    fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    ring = _uring.Ring(4)
+    try:
+        src = aligned_array(2 * PAGE)
+        src[:] = np.arange(2 * PAGE, dtype=np.uint8)
+        iov = _uring.iovec_array([(address(src), src.nbytes)])
+        ring.queue(_uring.OP_WRITEV, fd, ctypes.addressof(iov), 1, PAGE, 11)
+        assert ring.wait(1) == [(11, 2 * PAGE)]
+        dst = aligned_array(2 * PAGE)
+        iov2 = _uring.iovec_array([(address(dst), dst.nbytes)])
+        ring.queue(_uring.OP_READV, fd, ctypes.addressof(iov2), 1, PAGE, 12)
+        ring.queue(_uring.OP_READV, -1, ctypes.addressof(iov2), 1, 0, 13)  # bad fd
+        got = dict(ring.wait(2))
+        assert got[12] == 2 * PAGE and got[13] < 0
+        assert np.array_equal(dst, src)
+        for i in range(4):
+            ring.queue(_uring.OP_NOP, -1, 0, 0, 0, i)
+        with pytest.raises(_uring.UringError):
+            ring.queue(_uring.OP_NOP, -1, 0, 0, 0, 99)  # full
+        assert sorted(ring.wait(4)) == [(i, 0) for i in range(4)]
+    finally:
+        ring.close()
+        os.close(fd)
+
+
+def test_slab_arena_hands_out_and_reuses_slots():
+    arena = SlabArena(10 * 4096, 4096)
+    assert arena.slots == 10 and arena.free_slots == 10 and arena.mapped_bytes == 0
+    a = arena.alloc(3)
+    assert a == [0, 1, 2] and arena.held_slots == 3
+    arena.view(a[0])[:] = 1
+    assert arena.alloc(8) is None and arena.held_slots == 3  # nothing taken on failure
+    arena.free(a)
+    assert arena.alloc(3) == [0, 1, 2]  # freed slots come back first
+    assert arena.mapped_bytes <= 10 * 4096
+
+
+def test_free_files_pool(tmp_path: Path):
+    free = FreeFiles(str(tmp_path / "free"))
+    block = tmp_path / "b.kvb"
+    block.write_bytes(bytes(2 * PAGE))
+    free.add(str(block))
+    assert not block.exists() and free.bytes == 2 * PAGE
+    assert free.take(PAGE) is None
+    path = free.take(2 * PAGE)
+    assert path and os.path.getsize(path) == 2 * PAGE and free.bytes == 0
+    os.unlink(path)  # the taker renames it away
+    odd = tmp_path / "odd"
+    odd.write_bytes(b"x" * 10)
+    free.add(str(odd))  # not whole pages: dropped
+    assert free.bytes == 0
+    free.add(str(tmp_path / "missing"))
+    (tmp_path / "free" / "junk").write_bytes(b"j")
+    again = FreeFiles(str(tmp_path / "free"))
+    again.scan()
+    assert again.bytes == 0 and not (tmp_path / "free" / "junk").exists()
+
+
+def test_sole_opener_sees_other_openers(tmp_path: Path):
+    path = _file(tmp_path, bytes(PAGE))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        assert sole_opener(fd) is True
+        other = os.open(path, os.O_RDONLY)
+        assert sole_opener(fd) is False
+        os.close(other)
+        assert sole_opener(fd) is True
+    finally:
+        os.close(fd)

@@ -184,6 +184,17 @@ def test_repeats_report_the_median_pass(tmp_path):
         assert len(m.reference.samples_gbps) == 3
 
 
+@pytest.mark.skipif(not HAS_FIO, reason="fio is not installed")
+def test_disk_repeats_alternate_with_fio_and_clean_up(tmp_path):
+    cfg = tiny_config(tmp_path, tiers=(f"file://{tmp_path}?size=16MiB",), repeats=2)
+    cfg = StorageBenchConfig(**{**cfg.__dict__, "lookup": False, "depths": (2,)})
+    rep = StorageBench(cfg).run()
+    for m in rep.measurements:
+        assert len(m.samples_gbps) == 2 and len(m.reference.samples_gbps) == 2
+        assert m.reference.result.bytes == BLOCKS * (4096 + BLOCK)  # one round, like kvtier
+    assert list(tmp_path.iterdir()) == []  # fio's files and the tier's folder are gone
+
+
 def test_too_small_tier_and_bad_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="size="):
         StorageBench(tiny_config(tmp_path, tiers=("memory://?size=1MiB",))).run()

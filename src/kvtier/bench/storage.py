@@ -322,9 +322,12 @@ class StorageBench:
         read_plan = PassPlan(items, block, plan.depth, plan.batch, cfg.min_read_seconds)
         runs: dict[str, list[PassResult]] = {"write": [], "read": []}
         ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
-        for r in range(cfg.repeats):  # kvtier and reference alternate: drift hits both
-            label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
-            keys = self._keys(run.url, depth * 1000 + r + 1, items)
+        fio_job = None
+        if run.copy_ref is None and run.profile is not None and self.fio is not None:
+            engine = run.profile.ioengine if run.native else "psync"
+            fio_job = self._fio_layout(run.profile, engine, depth, items, report)
+
+        def kvtier_pass(label: str, keys: list[bytes]) -> None:
             runs["write"].append(self._write(tier, keys, plan, run.pool))
             self.on_step(f"{label}: kvtier write")
             if run.profile and not run.profile.direct:
@@ -332,16 +335,32 @@ class StorageBench:
             runs["read"].append(self._read(tier, keys, read_plan, run.pool))
             self.on_step(f"{label}: kvtier read")
             tier.delete_many(keys)
+
+        def reference_pass(label: str) -> None:
             refs: dict[str, Reference] = {}
             if run.copy_ref is not None:
                 refs = self._copy_reference(run.copy_ref, plan, read_plan)
-            elif run.profile is not None and self.fio is not None:
-                engine = run.profile.ioengine if run.native else "psync"
-                rounds = max(1, round(runs["read"][-1].bytes / (items * block)))
-                refs = self._fio_reference(run.profile, engine, depth, items, rounds, report)
+            elif fio_job is not None:
+                last = runs["read"][-1].bytes if runs["read"] else items * block
+                rounds = max(1, round(last / (items * block)))  # read as much as kvtier did
+                refs = self._fio_passes(fio_job, rounds, report)
             for op, ref in refs.items():
                 ref_runs[op].append(ref)
             self.on_step(f"{label}: reference")
+
+        try:
+            for r in range(cfg.repeats):
+                label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
+                keys = self._keys(run.url, depth * 1000 + r + 1, items)
+                if r % 2 == 0:  # alternate the order: whatever the other side leaves behind
+                    kvtier_pass(label, keys)  # (dirty caches, a busy device) hits both
+                    reference_pass(label)
+                else:
+                    reference_pass(label)
+                    kvtier_pass(label, keys)
+        finally:
+            if fio_job is not None:
+                fio_job.remove_files()
         return [
             Measurement(
                 tier=tier.name,
@@ -445,24 +464,14 @@ class StorageBench:
             "read": Reference("copy", ref.read(read_plan), detail),
         }
 
-    def _fio_reference(
-        self,
-        profile: DiskIOProfile,
-        engine: str,
-        depth: int,
-        items: int,
-        read_loops: int,
-        report: StorageReport,
-    ) -> dict[str, Reference]:
-        """fio over one file per block, each the size of the tier's block file, in its folder.
-
-        An untimed write lays the files out first (the tier's timed writes reuse files too);
-        then a timed write over them and a timed read of ``read_loops`` rounds (as many as the
-        tier's read pass did), both sized, not timed, so every I/O counts on both sides; the
-        files are removed at the end.
-        """
-        common = dict(
+    def _fio_layout(
+        self, profile: DiskIOProfile, engine: str, depth: int, items: int, report: StorageReport
+    ) -> FioJob | None:
+        """Lay out fio's files, untimed: one file per block, the size of the tier's block file,
+        in the tier's folder (the tier's timed writes reuse files too). None if fio fails."""
+        job = FioJob(
             directory=profile.directory,
+            op="write",
             block_size=profile.file_bytes(self.config.block_bytes),
             blocks=items,
             depth=depth,
@@ -472,19 +481,30 @@ class StorageBench:
             sync="dsync" if profile.sync else "none",
             layout="per-block",
         )
-        out: dict[str, Reference] = {}
-        layout = FioJob(op="write", **common)
         try:
-            run_fio(layout, self.fio)
+            run_fio(job, self.fio)
+        except FioError as exc:
+            job.remove_files()
+            report.notes.append(f"fio reference failed at depth {depth}: {exc}")
+            return None
+        return job
+
+    def _fio_passes(
+        self, job: FioJob, read_loops: int, report: StorageReport
+    ) -> dict[str, Reference]:
+        """A timed fio write over the laid-out files, then a read of ``read_loops`` rounds.
+
+        Both are sized, not timed, so every I/O counts, on both sides of the comparison.
+        """
+        out: dict[str, Reference] = {}
+        try:
             for op, loops in (("write", 1), ("read", read_loops)):
-                if op == "read" and not profile.direct:
+                if op == "read" and not job.direct:
                     drop_caches()
-                res = run_fio(FioJob(op=op, loops=loops, **common), self.fio)
+                res = run_fio(replace(job, op=op, loops=loops), self.fio)
                 out[op] = Reference("fio", res.result, " ".join(res.command[1:]))
         except FioError as exc:
-            report.notes.append(f"fio reference failed at depth {depth}: {exc}")
-        finally:
-            layout.remove_files()
+            report.notes.append(f"fio reference failed at depth {job.depth}: {exc}")
         return out
 
     # --- lookup and notes -------------------------------------------------------------------

@@ -229,7 +229,7 @@ def load_model(
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
         tok = AutoTokenizer.from_pretrained(source, **kwargs) if tokenizer else None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load {name_or_path!r}: {exc}. Give a local folder, a .gguf file, or a hub "
             "id that is downloaded (or reachable)"

@@ -397,3 +397,15 @@ def test_namespaces_live_in_separate_directories(tmp_path: Path):
         b.put(k, b"b" * 100)
         assert a.block_path(k) != b.block_path(k)
         assert a.usage().blocks == b.usage().blocks == 1
+
+
+def test_a_block_rewritten_at_another_size_by_another_writer(tmp_path: Path):
+    with DiskTier(NS_A, tmp_path, MiB) as mine, DiskTier(NS_A, tmp_path, MiB) as theirs:
+        k = make_key(1)
+        mine.put(k, make_payload(k, 1, 5000))  # indexed here with its file size
+        for version, n in ((2, 30_000), (3, 100)):
+            theirs.put(k, make_payload(k, version, n))
+            out = np.zeros(30_000, np.uint8)
+            header = mine.get_into(k, out)
+            assert header.raw_len == n
+            assert check_payload(out, n, k) == version

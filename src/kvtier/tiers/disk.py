@@ -46,6 +46,7 @@ from kvtier.codec import (
     BlockHeader,
     BlockMeta,
     BufferTooSmallError,
+    CorruptBlockError,
     pack_block,
     parse_header,
 )
@@ -82,6 +83,8 @@ class _Read:
     key: bytes
     fd: int
     plan: ReadPlan
+    out: object
+    guessed: bool  # the file size came from the index, not from fstat
 
 
 @dataclass(slots=True)
@@ -368,20 +371,30 @@ class DiskTier(Tier):
         try:
             entry = self._index.get(key)
             maybe_raw = entry is None or entry.raw is not False
-            plan = plan_read(
-                os.fstat(fd).st_size, out, self._pool, direct=self.direct, maybe_raw=maybe_raw
-            )
-            return _Read(key, fd, plan)
+            size = entry.size if entry is not None else os.fstat(fd).st_size  # one syscall less
+            plan = plan_read(size, out, self._pool, direct=self.direct, maybe_raw=maybe_raw)
+            return _Read(key, fd, plan, out, entry is not None)
         except BaseException:
             os.close(fd)
             raise
 
     def _finish_read(self, read: _Read, res: int, touch: bool = True) -> BlockHeader:
-        os.close(read.fd)
-        if res < 0:
-            self._pool.give(read.plan.scratch)
-            raise BlockIOError(f"reading block {read.key.hex()} failed: {os.strerror(-res)}")
-        header = finish_read(read.plan, res, self.namespace, read.key, self._pool)
+        try:
+            if res < 0:
+                self._pool.give(read.plan.scratch)
+                raise BlockIOError(f"reading block {read.key.hex()} failed: {os.strerror(-res)}")
+            try:
+                header = finish_read(read.plan, res, self.namespace, read.key, self._pool)
+            except CorruptBlockError:
+                size = os.fstat(read.fd).st_size
+                if not read.guessed or size == read.plan.size:
+                    raise
+                # another writer replaced the file with one of another size: read what is there
+                plan = plan_read(size, read.out, self._pool, direct=self.direct, maybe_raw=True)
+                res = run_inline(IOOp(read.fd, plan.bufs))
+                header = finish_read(plan, res, self.namespace, read.key, self._pool)
+        finally:
+            os.close(read.fd)
         if touch:
             with self._lock:
                 entry = self._index.get(read.key)

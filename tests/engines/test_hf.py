@@ -221,3 +221,33 @@ def test_without_cache_the_engine_is_plain_transformers(smol_fp32, reference, pr
     assert torch.equal(result.logits, logits)
     assert result.tokens == reference.generate(smol_fp32.model, ids, NEW)
     assert result.record.lookup_s == 0 and result.record.new_tokens == NEW
+
+
+@pytest.mark.slow
+def test_cost_policy_from_a_profile_decides(smol_fp32, engine_for, prompt):
+    from kvtier.cost.calibration import (
+        CalibrationProfile,
+        PrefillFit,
+        ProfileModel,
+        TierFit,
+        TransferFit,
+    )
+    from kvtier.engines.hf import from_policy
+    from kvtier.policy.decision import LoadOrRecompute
+
+    def decide(latency_s: float):
+        bpt = smol_fp32.model.config.num_hidden_layers * 2 * 3 * 64 * 4
+        profile = CalibrationProfile(
+            model=ProfileModel("m", "f", "fp32", 30, 3, 64, bpt, CHUNK),
+            prefill=PrefillFit(0.01, 1e-3, 0.0),
+            tiers={"memory": TierFit("memory", "memory://", TransferFit(latency_s, 5e9))},
+        )
+        policy = LoadOrRecompute(profile.compute, bpt, profile.paths(), CHUNK)
+        return from_policy(policy)
+
+    engine = engine_for(smol_fp32, "memory", decide=decide(1e-5))
+    engine.generate(prompt, 1)
+    engine.flush(timeout=60)
+    assert engine.generate(prompt, 1).record.loaded_chunks == 4
+    engine.decide = decide(10.0)  # a tier 10 s away: recomputing 150 tokens is faster
+    assert engine.generate(prompt, 1).record.loaded_chunks == 0

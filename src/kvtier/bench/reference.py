@@ -7,6 +7,7 @@ memory tier's ``get_into`` must do at least); a "write" copies the worker's payl
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,15 +18,17 @@ from kvtier.bench.stats import PassResult
 PAGE = 4096
 
 
-def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
-    """An uninitialized uint8 array of ``nbytes`` starting on an ``align`` boundary.
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A page-aligned, pre-faulted uint8 array of ``nbytes`` on plain 4 KiB pages.
 
-    Engines hand page-aligned (often pinned) buffers to the cache; an O_DIRECT tier can read
-    straight into such a buffer, so the benchmark uses them too.
+    Engines hand page-aligned buffers to the cache, and an O_DIRECT tier reads straight into
+    them. Anonymous ``mmap`` without ``MADV_HUGEPAGE`` gives the same kind of memory as fio's
+    own I/O buffers, so neither side of a comparison gets larger pages (fewer, larger device
+    requests) than the other.
     """
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    offset = -raw.ctypes.data % align
-    return raw[offset : offset + nbytes]
+    size = max(PAGE, -(-nbytes // PAGE) * PAGE)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=np.uint8, count=nbytes)
 
 
 def aligned_full(nbytes: int, value: int) -> np.ndarray:

@@ -177,7 +177,7 @@ def forward_keywords(model) -> tuple[str, bool]:
 
 
 def _as_ids(token_ids) -> torch.Tensor:
-    ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+    ids = torch.as_tensor(token_ids).to("cpu", torch.long).reshape(-1)
     if ids.numel() == 0:
         raise ConfigError("the prompt is empty; give at least one token id")
     return ids

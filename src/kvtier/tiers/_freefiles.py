@@ -3,11 +3,12 @@
 On ext4, overwriting already allocated pages with O_DIRECT runs about twice as fast as writing
 a new file (no block allocation, no unwritten-extent conversion): measured here 0.9-2.3 GiB/s
 against 0.7-1.2 GiB/s at 1 MiB, depth 8. So a deleted or evicted block's file is renamed into
-``free/`` and a later write of the same size renames it next to its new key and overwrites it.
+``free/``; a later write of the same size overwrites it where it lies and renames it into place.
 
-A reader that opened the old block before it left may still hold the file; overwriting it
-would tear that read. :func:`sole_opener` asks the kernel (a write lease is granted only to the
-only opener, across processes) before a file is reused.
+A reader that opened the old block before it left may still hold the file, and another process
+sharing the directory may pick the same file; overwriting it then would tear a read or mix two
+writes. :func:`sole_opener` asks the kernel (a write lease is granted only to the only opener,
+across processes) before a file is reused, and the writer keeps it open until it is renamed.
 
 Not thread-safe: the tier calls it under its lock.
 """

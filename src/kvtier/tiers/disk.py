@@ -5,8 +5,9 @@ the payload in whole pages (see ``_blockfile``). Files of blocks that left are k
 ``<dir>/<namespace hex>/free/`` and overwritten by later writes of the same size (``_freefiles``);
 blocks, writes in flight and kept files together never exceed the capacity.
 
-Writes go to ``<key hex>.<pid>.<random>.tmp`` (with O_DSYNC when ``sync``), then ``rename`` puts
-the file in place: a block is visible only once fully written. On open the index is rebuilt by
+A write fills a kept file where it lies in ``free/`` or a new ``<key hex>.<pid>.<random>.tmp``
+(with O_DSYNC when ``sync``), then ``rename`` puts the file in place: a block is visible only once
+fully written, and a torn write leaves only a kept or temp file. On open the index is rebuilt by
 scanning the directory (oldest file first in eviction order); temp files of dead writers and
 files that are not whole pages are removed; headers and checksums are checked on every read.
 A filesystem that refuses O_DIRECT (EINVAL) gets buffered I/O, with a note in ``usage().notes``.
@@ -23,6 +24,12 @@ threads write 1319 / read 1186 MiB/s, uring 1045 / 1080; 256 KiB: threads 408 / 
 367 / 634; with aligned buffers at 1 MiB: threads 1404 / 1228, uring 1204 / 1057. Threads won
 every read and most writes (io_uring runs O_DIRECT submission in the caller's thread; the
 pool spreads it and the checksums over the cores), hence the default.
+
+Against fio (``kvtier bench storage``, fio psync, per-block files, O_DIRECT, O_DSYNC like the
+tier), the same VM gave at 1 MiB, depth 8: write 0.94x, read 0.90-1.10x; at 256 KiB, depth 8:
+write 0.36-0.43x, read 0.68-0.82x. Small blocks pay per-block file work fio does not (open, a
+lease check, a rename, the checksum and the Python around them); the disk was shared and
+fio's own figures moved 2x between runs, so treat these as indications.
 """
 
 from __future__ import annotations
@@ -471,7 +478,8 @@ class DiskTier(Tier):
         return _Write(key, fd, tmp, meta.codec == "raw", plan)
 
     def _create_tmp(self, key: bytes, reuse: str | None) -> tuple[int, str]:
-        """Open the temp file of a write: a kept file renamed next to the block, or a new one."""
+        """Open the file a write fills before it is renamed into place: a kept file, written
+        where it lies (a torn write there leaves just a kept file), or a new temp file."""
         final = self.block_path(key)
         folder = os.path.dirname(final)
         if folder not in self._dirs:
@@ -480,18 +488,18 @@ class DiskTier(Tier):
         flags = os.O_WRONLY | _O_CLOEXEC | self._oflags | (_O_DSYNC if self.sync else 0)
         stem = f"{final[: -len(SUFFIX)]}.{os.getpid()}."
         if reuse is not None:
-            tmp = f"{stem}{secrets.token_hex(6)}{TMP_SUFFIX}"
             try:
-                os.rename(reuse, tmp)
-                fd = os.open(tmp, flags)
+                fd = os.open(reuse, flags)
             except FileNotFoundError:  # taken by another process sharing the directory
                 pass
             else:
+                # no other opener (a reader of the old block, another process's writer) now; the
+                # fd stays open until the file is renamed into place, which keeps it that way
                 alone = sole_opener(fd)
                 if alone:
-                    return fd, tmp
-                os.close(fd)  # a reader still holds the old block: leave the file to it
-                unlink(tmp)
+                    return fd, reuse
+                os.close(fd)  # someone still holds it: leave the file to them
+                unlink(reuse)
                 if alone is None:
                     self.recycle = False
                     self._note("file leases are unavailable here: block files are not reused")
@@ -504,31 +512,31 @@ class DiskTier(Tier):
         raise FileExistsError(f"cannot create a temp file next to {final}")
 
     def _finish_write(self, write: _Write, res: int) -> bool:
-        try:
-            os.close(write.fd)
-        finally:
-            self._pool.give(write.plan.scratch)
+        self._pool.give(write.plan.scratch)
         size = write.plan.size
-        if res != size:
-            unlink(write.tmp)
-            self._unreserve(size)
-            if res >= 0 or -res in _NOSPACE:
-                return False
-            raise OSError(-res, f"writing block {write.key.hex()}: {os.strerror(-res)}")
-        with self._lock:
-            try:
-                os.replace(write.tmp, self.block_path(write.key))
-            except OSError:
+        try:
+            if res != size:
                 unlink(write.tmp)
-                self._used -= size
-                raise
-            old = self._index.pop(write.key, None)
-            if old is not None:
-                self._used -= old.size
-                self._policy.remove(write.key)
-            self._index[write.key] = _Entry(size, write.raw)
-            self._policy.insert(write.key, size)
-        return True
+                self._unreserve(size)
+                if res >= 0 or -res in _NOSPACE:
+                    return False
+                raise OSError(-res, f"writing block {write.key.hex()}: {os.strerror(-res)}")
+            with self._lock:
+                try:
+                    os.replace(write.tmp, self.block_path(write.key))
+                except OSError:
+                    unlink(write.tmp)
+                    self._used -= size
+                    raise
+                old = self._index.pop(write.key, None)
+                if old is not None:
+                    self._used -= old.size
+                    self._policy.remove(write.key)
+                self._index[write.key] = _Entry(size, write.raw)
+                self._policy.insert(write.key, size)
+            return True
+        finally:
+            os.close(write.fd)  # only now: an open fd keeps a reused file from other takers
 
     # --- internals: leaving blocks -----------------------------------------------------------
     def _retire_locked(self, key: bytes) -> bool:

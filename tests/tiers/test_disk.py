@@ -409,3 +409,27 @@ def test_a_block_rewritten_at_another_size_by_another_writer(tmp_path: Path):
             header = mine.get_into(k, out)
             assert header.raw_len == n
             assert check_payload(out, n, k) == version
+
+
+def test_kept_files_survive_a_reopen_and_are_not_shared_while_open(tmp_path: Path):
+    k = [make_key(i) for i in range(4)]
+    with DiskTier(NS_A, tmp_path, MiB) as first:
+        for key in k:
+            first.put(key, make_payload(key, 0, 20_000))
+        first.delete_many(k[:2])
+        kept = first.recycled_bytes
+        assert kept == 2 * (PAGE + 20480)
+        with DiskTier(NS_A, tmp_path, MiB) as second:  # first is still open: nothing to adopt
+            assert second.recycled_bytes == 0
+            for i in (10, 11):  # both write and delete side by side: never the same file
+                for tier in (first, second):
+                    key = make_key(i)
+                    assert tier.put(key, make_payload(key, i, 20_000))
+                    out = np.zeros(20_000, np.uint8)
+                    assert tier.get_into(key, out) is not None
+                    assert check_payload(out, 20_000, key) == i
+                    tier.delete(key)
+            kept += second.recycled_bytes
+    with DiskTier(NS_A, tmp_path, MiB) as again:  # both closed: their kept files are adopted
+        assert again.recycled_bytes == kept
+        assert _bytes_on_disk(again) == again.usage().used_bytes + kept

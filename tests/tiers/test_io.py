@@ -139,12 +139,16 @@ def test_slab_arena_hands_out_and_reuses_slots():
     assert arena.mapped_bytes <= 10 * 4096
 
 
+def _block_file(path: Path, pages: int) -> str:
+    path.write_bytes(bytes(pages * PAGE))
+    return str(path)
+
+
 def test_free_files_pool(tmp_path: Path):
-    free = FreeFiles(str(tmp_path / "free"))
-    block = tmp_path / "b.kvb"
-    block.write_bytes(bytes(2 * PAGE))
-    free.add(str(block))
-    assert not block.exists() and free.bytes == 2 * PAGE
+    parent = str(tmp_path / "free")
+    free = FreeFiles(parent)
+    free.add(_block_file(tmp_path / "b.kvb", 2))
+    assert not (tmp_path / "b.kvb").exists() and free.bytes == 2 * PAGE
     assert free.take(PAGE) is None
     path = free.take(2 * PAGE)
     assert path and os.path.getsize(path) == 2 * PAGE and free.bytes == 0
@@ -152,12 +156,29 @@ def test_free_files_pool(tmp_path: Path):
     odd = tmp_path / "odd"
     odd.write_bytes(b"x" * 10)
     free.add(str(odd))  # not whole pages: dropped
-    assert free.bytes == 0
     free.add(str(tmp_path / "missing"))
-    (tmp_path / "free" / "junk").write_bytes(b"j")
-    again = FreeFiles(str(tmp_path / "free"))
-    again.scan()
-    assert again.bytes == 0 and not (tmp_path / "free" / "junk").exists()
+    assert free.bytes == 0
+    free.add(_block_file(tmp_path / "c.kvb", 3))
+    free.drop_one()
+    assert free.bytes == 0 and not os.listdir(free.directory)
+
+
+def test_free_files_are_handed_over_only_when_abandoned(tmp_path: Path):
+    parent = tmp_path / "free"
+    closed, alive = FreeFiles(str(parent)), FreeFiles(str(parent))
+    closed.add(_block_file(tmp_path / "a.kvb", 1))
+    alive.add(_block_file(tmp_path / "b.kvb", 2))
+    closed.release()
+    dead = parent / "999999999.cafe"  # a process that no longer exists
+    dead.mkdir()
+    _block_file(dead / "x.free", 4)
+    (parent / "stray").write_bytes(b"?")
+    heir = FreeFiles(str(parent))
+    heir.scan()
+    assert heir.bytes == (1 + 4) * PAGE  # the closed instance's and the dead one's
+    assert alive.bytes == 2 * PAGE and os.listdir(alive.directory)  # a live one keeps its own
+    assert not (parent / "stray").exists() and not dead.exists()
+    assert heir.take(2 * PAGE) is None and heir.take(4 * PAGE) is not None
 
 
 def test_sole_opener_sees_other_openers(tmp_path: Path):

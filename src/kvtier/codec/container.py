@@ -2,7 +2,8 @@
 
 Header: magic ``KVTB``, format version, codec id, dtype code, rank, namespace id (16 B), key (16 B),
 raw length, stored length, xxh3-64 checksum over the header (checksum field zeroed) and the
-payload, then up to six shape dimensions. No pickle: every field is a fixed-width integer.
+payload, up to six shape dimensions, and the block's value (f64 seconds of prefill it saves, an
+eviction hint). No pickle: every field is a fixed-width number.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ MAGIC = b"KVTB"
 VERSION = 1
 HEADER_SIZE = 128
 MAX_RANK = 6
-_FMT = struct.Struct("<4sHBBB3x16s16sQQQ6I")
+_FMT = struct.Struct("<4sHBBB3x16s16sQQQ6Id")
 _CHECKSUM_OFFSET = 4 + 2 + 1 + 1 + 1 + 3 + 16 + 16 + 8 + 8
 _PAD = b"\x00" * (HEADER_SIZE - _FMT.size)
 DTYPES = {"u8": 0, "bf16": 1, "fp16": 2, "fp32": 3, "fp8": 4, "int8": 5}
@@ -48,17 +49,26 @@ class BufferTooSmallError(KvtierError, ValueError):
 
 @dataclass(frozen=True)
 class BlockMeta:
-    """What the bytes of a payload are: element dtype, shape, and the codec to store them with."""
+    """What the bytes of a payload are: element dtype, shape, and the codec to store them with.
+
+    ``value`` is a hint, not identity: the seconds of prefill the block saves when reused. It
+    travels in the header so cost-aware eviction keeps it across tiers, promotions and restarts.
+    """
 
     dtype: str = "u8"
     shape: tuple[int, ...] = ()
     codec: str = "raw"
+    value: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown block dtype {self.dtype!r}; use one of {sorted(DTYPES)}")
         if len(self.shape) > MAX_RANK:
             raise ValueError(f"block shape {self.shape} has more than {MAX_RANK} dimensions")
+        if not self.value >= 0.0:
+            raise ValueError(
+                f"block value must be a non-negative number of seconds, not {self.value}"
+            )
 
 
 RAW_META = BlockMeta()
@@ -105,6 +115,7 @@ def _header_bytes(
             stored_len,
             checksum,
             *shape,
+            meta.value,
         )
         + _PAD
     )
@@ -136,9 +147,10 @@ def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) 
     view = memoryview(buf).cast("B")
     if view.nbytes < HEADER_SIZE:
         raise CorruptBlockError(f"block truncated: {view.nbytes} bytes, header needs {HEADER_SIZE}")
-    magic, version, codec_id, dtype, rank, ns, k, raw_len, stored_len, checksum, *shape = (
+    magic, version, codec_id, dtype, rank, ns, k, raw_len, stored_len, checksum, *rest = (
         _FMT.unpack_from(view)
     )
+    shape, value = rest[:MAX_RANK], rest[MAX_RANK]
     if magic != MAGIC:
         raise CorruptBlockError(f"not a kvtier block (magic {magic!r})")
     if version != VERSION:
@@ -151,7 +163,9 @@ def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) 
         raise ForeignBlockError("block belongs to another namespace")
     if key is not None and k != key:
         raise ForeignBlockError("block holds another key")
-    meta = BlockMeta(_DTYPE_NAMES[dtype], tuple(shape[:rank]), CODECS[codec_id].name)
+    if not value >= 0.0:  # also refuses NaN
+        raise CorruptBlockError(f"block header has value {value}")
+    meta = BlockMeta(_DTYPE_NAMES[dtype], tuple(shape[:rank]), CODECS[codec_id].name, value)
     return BlockHeader(ns, k, meta, raw_len, stored_len, checksum, version)
 
 

@@ -101,6 +101,7 @@ class _Write:
     tmp: str
     raw: bool
     plan: WritePlan
+    value: float = 0.0
 
 
 class DiskTier(Tier):
@@ -477,7 +478,7 @@ class DiskTier(Tier):
             if isinstance(exc, OSError) and exc.errno in _NOSPACE:
                 return None
             raise
-        return _Write(key, fd, tmp, meta.codec == "raw", plan)
+        return _Write(key, fd, tmp, meta.codec == "raw", plan, meta.value)
 
     def _create_tmp(self, key: bytes, reuse: str | None) -> tuple[int, str]:
         """Open the file a write fills before it is renamed into place: a kept file, written
@@ -535,7 +536,7 @@ class DiskTier(Tier):
                     self._used -= old.size
                     self._policy.remove(write.key)
                 self._index[write.key] = _Entry(size, write.raw)
-                self._policy.insert(write.key, size)
+                self._policy.insert(write.key, size, write.value)
             return True
         finally:
             os.close(write.fd)  # only now: an open fd keeps a reused file from other takers

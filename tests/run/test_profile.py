@@ -63,12 +63,24 @@ def test_loaded_profile_gets_missing_tiers_measured(tiny_profile, embedded_fp32_
     saved = CalibrationProfile.load(tiny_profile)
     without_disk = replace(saved, tiers={"dram": saved.tiers["dram"]})
     path = without_disk.save(tmp_path / "p.json")
-    plan = QuickPlan(load_chunks=(1, 2), load_repeats=1)
+    plan = QuickPlan(load_chunks=(1, 2), load_repeats=1, context_tokens=())
     profile, info = obtain_profile(embedded_fp32_tok, urls, 32, path=path, plan=plan)
     assert info.source == "loaded+measured" and info.path == str(path)
-    assert sorted(info.measured_tiers) == ["disk", "extra"]
+    assert sorted(info.measured) == ["disk", "extra"]
     assert set(profile.tiers) == {"dram", "disk", "extra"}
     assert profile.prefill == saved.prefill  # compute came from the file
     evens = break_even(profile)
     assert set(evens) == {"dram", "disk", "extra"}
     assert all(v is None or v >= 1 for v in evens.values())
+
+
+def test_context_samples_fill_only_what_the_profile_lacks(embedded_fp32_tok):
+    from kvtier.run.profile import context_samples
+
+    have = [(16, 0, 0.01), (64, 0, 0.03), (16, 64, 0.01)]
+    plan = QuickPlan(context_tokens=(256,), full_tokens=(128,), context_new=(8,), repeats=1)
+    got = context_samples(embedded_fp32_tok, have, plan)
+    assert [(n, p) for n, p, _ in got] == [(8, 256), (128, 0)]
+    assert all(s > 0 for *_, s in got)
+    covered = [*have, (8, 512, 0.01), (256, 0, 0.1)]
+    assert context_samples(embedded_fp32_tok, covered, plan) == []

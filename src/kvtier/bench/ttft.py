@@ -347,7 +347,13 @@ class TTFTBench:
             c,
             path=cfg.profile_path,
             force=cfg.calibrate,
-            plan=QuickPlan(max_tokens=1024, compute_budget_s=40.0, repeats=2),
+            plan=QuickPlan(
+                max_tokens=1024,
+                compute_budget_s=30.0,
+                repeats=2,
+                context_tokens=tuple(sorted({1024, 4096, max(cfg.lengths)})),
+                full_tokens=(2048,) if max(cfg.lengths) >= 4096 else (),
+            ),
         )
         paths = profile.paths()
         policy = LoadOrRecompute(profile.compute, layout.bytes_per_token, paths, c)

@@ -6,7 +6,10 @@ measured tier, so the same :class:`~kvtier.cost.CostModel` serves spec-based pla
 measured reality. The fits:
 
 - prefill of N new tokens after P cached ones: ``a + b·N + c·N·(P + N/2)`` seconds
-  (fixed cost, per-token linear layers, causal attention);
+  (fixed cost, per-token linear layers, causal attention); with ``context_terms`` (samples at
+  several cached lengths) ``a + b·N + c·N²/2 + e·N·P + d·P``: new tokens may attend to cached
+  ones at another rate than to each other (``e``), and every forward touches the cached KV
+  once (``d``: on a CPU the KV is copied when the new keys are appended);
 - one decode step at context L for a batch B: ``a + B·(b + c·L)``;
 - a load of S raw bytes (tier read, or host→device copy): ``latency + S / bandwidth``.
 
@@ -87,13 +90,18 @@ def _need(samples: Sequence, least: int, what: str) -> None:
 
 @dataclass(frozen=True)
 class PrefillFit:
-    """``a + b·N + c·N·(P + N/2)`` seconds to prefill N new tokens after P cached ones."""
+    """``a + b·N + c·N·(P + N/2)`` seconds to prefill N new tokens after P cached ones.
+
+    With ``d``/``e`` set (a fit with context terms): ``a + b·N + c·N²/2 + e·N·P + d·P``.
+    """
 
     a: float
     b: float
     c: float
     samples: tuple[tuple[int, int, float], ...] = ()
     max_rel_error: float = 0.0
+    d: float = 0.0
+    e: float | None = None
 
     def seconds(self, new: int, cached: int = 0) -> float:
         """Predicted seconds (0 for nothing new)."""
@@ -101,15 +109,30 @@ class PrefillFit:
             raise ConfigError(f"token counts must not be negative, got new={new} cached={cached}")
         if new == 0:
             return 0.0
-        return self.a + self.b * new + self.c * new * (cached + new / 2)
+        pair = self.c if self.e is None else self.e
+        return (
+            self.a + self.b * new + self.c * new * new / 2 + pair * new * cached + self.d * cached
+        )
 
 
-def fit_prefill(samples: Sequence[tuple[int, int, float]]) -> PrefillFit:
-    """Fit :class:`PrefillFit` to (new, cached, seconds) measurements."""
-    _need(samples, 3, "prefill fit")
-    rows = np.array([[1.0, n, n * (p + n / 2)] for n, p, _ in samples])
-    x, worst = nnls_relative(rows, np.array([s for *_, s in samples]))
+def fit_prefill(
+    samples: Sequence[tuple[int, int, float]], context_terms: bool = False
+) -> PrefillFit:
+    """Fit :class:`PrefillFit` to (new, cached, seconds) measurements.
+
+    ``context_terms`` fits ``d`` and ``e`` too; it needs samples at several cached lengths.
+    """
+    _need(samples, 5 if context_terms else 3, "prefill fit")
+    secs = np.array([s for *_, s in samples])
     kept = tuple((int(n), int(p), float(s)) for n, p, s in samples)
+    if context_terms:
+        rows = np.array([[1.0, n, n * n / 2, n * p, p] for n, p, _ in samples])
+        x, worst = nnls_relative(rows, secs)
+        return PrefillFit(
+            float(x[0]), float(x[1]), float(x[2]), kept, worst, d=float(x[4]), e=float(x[3])
+        )
+    rows = np.array([[1.0, n, n * (p + n / 2)] for n, p, _ in samples])
+    x, worst = nnls_relative(rows, secs)
     return PrefillFit(float(x[0]), float(x[1]), float(x[2]), kept, worst)
 
 

@@ -20,6 +20,7 @@ from kvtier.cost.calibration import (
     CalibrationProfile,
     TierFit,
     default_profile_path,
+    fit_prefill,
     fit_transfer,
 )
 from kvtier.cost.model import CostModel
@@ -28,13 +29,22 @@ from kvtier.keys import Namespace
 
 @dataclass(frozen=True)
 class QuickPlan:
-    """How much a run measures when no saved profile fits (kept short: about 15 s on a CPU)."""
+    """How much a run measures when no saved profile fits (kept short: about 15 s on a CPU).
+
+    ``context_tokens``: cached lengths at which a few new tokens are timed (after synthetic KV,
+    so no long prefill is needed) until the profile covers the longest of them; ``full_tokens``:
+    prompt lengths prefilled from scratch until the profile covers the longest of them. With
+    either, the prefill curve is fitted with context terms (see :class:`PrefillFit`).
+    """
 
     max_tokens: int = 512
     compute_budget_s: float = 12.0
     repeats: int = 1
     load_chunks: tuple[int, ...] = (1, 2, 4, 8)
     load_repeats: int = 3
+    context_tokens: tuple[int, ...] = (1024,)
+    full_tokens: tuple[int, ...] = ()
+    context_new: tuple[int, ...] = (16, 64)
 
 
 @dataclass
@@ -44,7 +54,7 @@ class ProfileInfo:
     source: str  # "loaded", "loaded+measured" or "measured"
     path: str | None
     reason: str  # why the saved one was (not) used
-    measured_tiers: list[str] = field(default_factory=list)
+    measured: list[str] = field(default_factory=list)  # tiers (and curves) measured now
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -195,18 +205,83 @@ def obtain_profile(
         copy = base.device_copy
         if copy is None:
             copy = fit_transfer(measure_device_copy(layout, cal, loaded.model.device))
+        prefill = base.prefill
+        extra = context_samples(loaded, prefill.samples, plan, note)
+        if extra:
+            prefill = fit_prefill([*prefill.samples, *extra], context_terms=True)
+            measured.append("prefill context")
+            if source == "loaded":
+                source = "loaded+measured"
     finally:
         for tier in opened:
             tier.close()
-    result = replace(base, tiers=fits, device_copy=copy)
+    result = replace(base, tiers=fits, device_copy=copy, prefill=prefill)
     info = ProfileInfo(
         source=source,
         path=str(file) if source != "measured" else None,
         reason=reason,
-        measured_tiers=measured,
+        measured=measured,
         seconds=time.perf_counter() - began,
     )
     return result, info
+
+
+def context_samples(
+    loaded, have: Sequence[tuple[int, int, float]], plan: QuickPlan, note=None
+) -> list[tuple[int, int, float]]:
+    """Prefill samples the profile lacks to cover ``plan``'s contexts and full prompt lengths.
+
+    Returns nothing when the samples ``have`` already reach the longest cached and full lengths
+    asked for. Cached points time ``plan.context_new`` tokens after random KV of each length
+    (attention costs the same whatever the values); full points prefill random tokens.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from kvtier.engines.hf import forward_keywords
+    from kvtier.engines.kv_layout import KVLayout, kv_to_cache
+
+    longest_cached = max((p for _, p, _ in have), default=0)
+    longest_full = max((n for n, p, _ in have if p == 0), default=0)
+    contexts = sorted(t for t in plan.context_tokens if t > longest_cached)
+    fulls = sorted(t for t in plan.full_tokens if t > longest_full)
+    if not contexts and not fulls:
+        return []
+    model = loaded.model
+    layout = KVLayout.from_model(model)
+    cache_kw, keep = forward_keywords(model)
+    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, vocab, (1, max([*fulls, *plan.context_new])), generator=gen)
+    ids = ids.to(model.device)
+
+    def timed(tokens, cache) -> float:
+        kwargs = {cache_kw: cache, "use_cache": True}
+        if keep:
+            kwargs["logits_to_keep"] = 1
+        start = time.perf_counter()
+        model(tokens, **kwargs)
+        return time.perf_counter() - start
+
+    out = []
+    with torch.inference_mode():
+        timed(ids[:, :8], DynamicCache(config=model.config))  # warm-up
+        for cached in contexts:
+            if note:
+                note(f"calibrating prefill after {cached} cached tokens")
+            shape = (layout.layers, 2, layout.kv_heads, cached, layout.head_dim)
+            kv = (torch.randn(shape, generator=gen) * 0.5).to(layout.dtype).to(model.device)
+            for new in plan.context_new:
+                best = min(
+                    timed(ids[:, :new], kv_to_cache(kv, model.config))
+                    for _ in range(max(plan.repeats, 2))
+                )
+                out.append((new, cached, best))
+        for n in fulls:
+            if note:
+                note(f"calibrating a {n}-token prefill")
+            out.append((n, 0, timed(ids[:, :n], DynamicCache(config=model.config))))
+    return out
 
 
 @dataclass(frozen=True)

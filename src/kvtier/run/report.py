@@ -238,7 +238,7 @@ def render(report: RunReport, console) -> None:
     )
     console.print(
         f"profile: {prof['source']} ({prof['reason']}"
-        + (f"; measured now: {', '.join(prof['measured_tiers'])}" if prof["measured_tiers"] else "")
+        + (f"; measured now: {', '.join(prof['measured'])}" if prof["measured"] else "")
         + f"), {prof['seconds']:.1f} s"
     )
 

@@ -251,3 +251,14 @@ def test_cost_policy_from_a_profile_decides(smol_fp32, engine_for, prompt):
     assert engine.generate(prompt, 1).record.loaded_chunks == 4
     engine.decide = decide(10.0)  # a tier 10 s away: recomputing 150 tokens is faster
     assert engine.generate(prompt, 1).record.loaded_chunks == 0
+
+
+@pytest.mark.slow
+def test_stored_chunks_carry_the_seconds_they_save(smol_fp32, engine_for, prompt):
+    engine = engine_for(smol_fp32, "memory", chunk_value=lambda i: 0.5 + i)
+    engine.generate(prompt, 1)
+    assert engine.flush(timeout=60)
+    memory = engine.cache.tiers[0]
+    keys = engine.keys(prompt)
+    out = bytearray(engine.layout.chunk_bytes(CHUNK))
+    assert [memory.get_into(k, out).meta.value for k in keys] == [0.5 + i for i in range(len(keys))]

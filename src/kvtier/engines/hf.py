@@ -50,7 +50,12 @@ class KVCache(Protocol):
     def load(self, keys: Sequence[bytes], outs: Sequence, lookup: Any = None) -> Any: ...
 
     def store(
-        self, keys: Sequence[bytes], payloads: Sequence, meta: Any, copy: bool = True
+        self,
+        keys: Sequence[bytes],
+        payloads: Sequence,
+        meta: Any,
+        copy: bool = True,
+        values: Sequence[float] | None = None,
     ) -> int: ...
 
     def flush(self, timeout: float | None = None) -> bool: ...
@@ -189,6 +194,8 @@ class HFEngine:
     ``namespace`` defaults to :func:`model_namespace` of (``model_id``, ``fingerprint``); the
     cache's tiers must have been opened for ``namespace.id``. ``chunk_tokens`` defaults to the
     cache's ``config.chunk_tokens``. ``decide`` picks how many hit chunks to load.
+    ``chunk_value(i)`` gives the seconds of prefill chunk ``i`` saves (e.g. from the cost model);
+    stored blocks carry it for cost-aware eviction.
     """
 
     def __init__(
@@ -203,6 +210,7 @@ class HFEngine:
         decide: ReuseDecision = load_all,
         store: bool = True,
         device: str | torch.device | None = None,
+        chunk_value: Callable[[int], float] | None = None,
     ):
         self.model = model
         self.cache = cache
@@ -221,6 +229,7 @@ class HFEngine:
         self.keyer = ChunkKeyer(namespace, self.chunk_tokens)
         self.decide = decide
         self.store_enabled = store
+        self.chunk_value = chunk_value
         self.device = torch.device(device) if device is not None else model.device
         self.meta = self.layout.meta(self.chunk_tokens)
         self._staging = HostStaging(self.layout, self.chunk_tokens)
@@ -350,7 +359,12 @@ class HFEngine:
             chunks = layers_to_chunks(
                 snapshot, self.layout, self.chunk_tokens, first, first + len(keys)
             )
-            return self.cache.store(keys, chunk_payloads(chunks), self.meta, copy=False)
+            values = None
+            if self.chunk_value is not None:
+                values = [self.chunk_value(first + i) for i in range(len(keys))]
+            return self.cache.store(
+                keys, chunk_payloads(chunks), self.meta, copy=False, values=values
+            )
 
     def generate(
         self, token_ids, max_new_tokens: int = 16, eos_token_id: int | None = None

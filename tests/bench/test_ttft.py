@@ -70,6 +70,9 @@ def test_targets_are_judged_against_the_issue():
             "plain_median_s": 1.0,
             "pairs": 3,
             "prompt_tokens": 256,
+            "spread": 0.02,
+            "direct_s": 0.001,
+            "direct_overhead": 0.001,
         },
         break_even={},
         tie=0.05,
@@ -118,6 +121,7 @@ def test_tiny_sweep(embedded_fp32_tok, tiny_profile, tmp_path):
     assert report.reuse["prefix_tokens"] == 64 and report.reuse["reused_tokens"] == 64
     assert report.reuse["speedup"] > 0 and report.reuse["copy_bandwidth"] > 0
     assert report.miss["pairs"] == 2 and len(report.miss["kvtier_s"]) == 2
+    assert -0.01 < report.miss["direct_s"] < min(report.miss["kvtier_s"])
     doc = json.loads(json.dumps(report.to_dict()))
     assert [t["verdict"] in ("PASS", "MISS") for t in doc["targets"]] == [True] * 5
     assert set(doc["break_even"]) == {"dram", "disk"}

@@ -84,3 +84,14 @@ def test_context_samples_fill_only_what_the_profile_lacks(embedded_fp32_tok):
     assert all(s > 0 for *_, s in got)
     covered = [*have, (8, 512, 0.01), (256, 0, 0.1)]
     assert context_samples(embedded_fp32_tok, covered, plan) == []
+
+
+def test_calibration_copies_of_small_tiers_get_room():
+    from kvtier.run.profile import roomy
+    from kvtier.tiers.base import TierURL
+
+    url = roomy("memory://?size=8MiB&name=dram", 100 << 20)
+    parsed = TierURL.parse(url)
+    assert parsed.scheme == "memory" and parsed.options == {"size": str(100 << 20), "name": "dram"}
+    assert roomy("file:///d?size=4GiB", 100 << 20) == "file:///d?size=4GiB"
+    assert TierURL.parse(roomy("file:///d?size=1MiB", 1 << 30)).path == "/d"

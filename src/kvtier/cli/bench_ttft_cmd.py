@@ -46,7 +46,7 @@ def ttft(
     miss_tokens: Annotated[int, typer.Option(help="Tokens of each cold (miss) prompt.")] = 256,
     miss_pairs: Annotated[
         int, typer.Option(help="Cold prompts, each run with and without kvtier.")
-    ] = 6,
+    ] = 10,
     directory: Annotated[Path, typer.Option("--dir", help="Directory of the disk tier.")] = Path(
         ".kvtier/bench-ttft"
     ),

@@ -30,6 +30,7 @@ from kvtier.run.profile import (
     break_even,
     calibration_namespace,
     obtain_profile,
+    roomy,
 )
 from kvtier.run.report import RequestResult, RunReport
 from kvtier.run.workload import WorkloadSpec, build_sessions, interleave
@@ -372,7 +373,8 @@ def check_break_even(
         plan = CalibrationPlan(
             chunk_tokens=chunk_tokens, load_chunks=tuple(lengths), load_repeats=3
         )
-        tier = open_tier(url, ns.id)
+        need = 2 * max(lengths) * (layout.chunk_bytes(chunk_tokens) + 8192)
+        tier = open_tier(roomy(url, need), ns.id)
         try:
             samples, _ = measure_tier_load(tier, layout, plan)
         finally:

@@ -110,6 +110,27 @@ def match_tiers(
     return fits, missing
 
 
+def roomy(url: str, need: int) -> str:
+    """``url`` with its ``size=`` raised to at least ``need`` bytes (calibration's own copy of
+    a small tier must hold the chunks it times); other URLs unchanged."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit
+
+    from kvtier.specs import parse_size
+
+    parts = urlsplit(url)
+    opts = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if "size" not in opts:
+        return url
+    try:
+        size = parse_size(opts["size"])
+    except Exception:
+        return url
+    if size >= need:
+        return url
+    opts["size"] = str(need)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}?{urlencode(opts)}"
+
+
 def calibration_namespace(kv_dtype: str) -> Namespace:
     """The namespace calibration blocks live in (never that of real KV)."""
     return Namespace("kvtier-calibration", "synthetic", kv_dtype, 1, 1, 1)
@@ -170,6 +191,7 @@ def obtain_profile(
         decode_steps=2,
     )
     ns = calibration_namespace(layout.dtype_name)
+    need = 2 * max(cal.load_chunks) * (layout.chunk_bytes(chunk_tokens) + 8192)
     opened = []
     try:
         if profile is None:
@@ -179,7 +201,7 @@ def obtain_profile(
             fits: dict[str, TierFit] = {}
             missing = []
             for url, name in tier_urls:
-                tier = open_tier(url, ns.id)
+                tier = open_tier(roomy(url, need), ns.id)
                 tier.name = name
                 opened.append(tier)
                 missing.append((url, tier))
@@ -190,7 +212,7 @@ def obtain_profile(
             fits, lacking = match_tiers(profile, stand_ins)
             missing = []
             for url, stub in lacking:
-                tier = open_tier(url, ns.id)
+                tier = open_tier(roomy(url, need), ns.id)
                 tier.name = stub.name
                 opened.append(tier)
                 missing.append((url, tier))

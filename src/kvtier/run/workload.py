@@ -40,19 +40,19 @@ class WorkloadSpec:
     """
 
     seed: int = 0
-    system_tokens: int = 256
+    system_tokens: int = 224
     chat_sessions: int = 2
     chat_turns: int = 3
-    turn_tokens: int = 48
+    turn_tokens: int = 40
     docs: int = 1
-    doc_tokens: int = 256
+    doc_tokens: int = 224
     rag_requests: int = 2
     question_tokens: int = 80
     agent_sessions: int = 1
     agent_steps: int = 3
-    tool_result_tokens: int = 96
+    tool_result_tokens: int = 72
     tool_pause_s: float = 0.3
-    max_new_tokens: int = 8
+    max_new_tokens: int = 6
 
     def __post_init__(self) -> None:
         counts = (

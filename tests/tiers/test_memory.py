@@ -157,3 +157,39 @@ def test_pinned_memory_needs_cuda():
         with pytest.raises(ConfigError):
             MemoryTier(NS_A, MiB, pin=True)
         assert not MemoryTier(NS_A, MiB).pinned  # auto: no CUDA, plain memory
+
+
+def test_unlocked_reads_never_return_a_block_whose_slot_was_refilled():
+    """Readers copy without the lock while a writer replaces blocks in the same slots: every
+    read returns one whole block (all bytes equal) or a miss, never a mix."""
+    import threading
+
+    size = 512 * 1024
+    tier = MemoryTier(b"n" * 16, 3 * (size + 4096))  # 3 slots: replaced blocks reuse them
+    keys = [bytes([i]) * 16 for i in range(2)]
+    for key in keys:
+        tier.put(key, np.zeros(size, np.uint8))
+    stop = threading.Event()
+    bad: list[str] = []
+
+    def reader() -> None:
+        out = np.empty(size, np.uint8)
+        while not stop.is_set():
+            for key in keys:
+                if tier.get_into(key, out) is not None and out.min() != out.max():
+                    bad.append("torn")
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(1, 400):
+            tier.put(keys[n % 2], np.full(size, n % 251, np.uint8))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad
+    assert len(tier._touched) <= 4096
+    out = np.empty(size, np.uint8)
+    assert tier.get_into(keys[1], out) is not None and out[0] == 399 % 251

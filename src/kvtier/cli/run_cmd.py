@@ -60,6 +60,13 @@ def run_command(
             help="Keep blocks whose expected reuse cannot repay the store off slow tiers."
         ),
     ] = True,
+    refine: Annotated[
+        bool,
+        typer.Option(
+            help="Refine the prefill curve with each prefill the kvtier engine measures "
+            "(decisions use only what was measured before them)."
+        ),
+    ] = True,
     reuse: Annotated[
         bool,
         typer.Option(
@@ -137,6 +144,7 @@ def run_command(
         profile_path=profile,
         calibrate=calibrate,
         admission=admission,
+        refine=refine,
         reuse_disk=reuse,
         keep_disk=keep,
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 from kvtier.errors import ConfigError
 from kvtier.run.admission import REUSE_PRIORS, HintedAdmission, ReuseHints, chunk_values
 from kvtier.run.decision import LoggedDecision, QueueProbe, decision_entry, judge
+from kvtier.run.online import RefinedCompute
 from kvtier.run.profile import (
     ProfileInfo,
     QuickPlan,
@@ -65,6 +66,7 @@ class RunConfig:
     keep_disk: bool = False
     pauses: bool = True
     check_break_even: bool = True
+    refine: bool = True
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
@@ -164,7 +166,7 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     )
     step += 1
     paths = profile.paths()
-    compute = profile.compute
+    compute = RefinedCompute(profile.prefill, profile.decode) if config.refine else profile.compute
     policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
 
     tiers = []
@@ -228,7 +230,7 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
             "chunk_bytes": chunk_bytes,
         },
         tiers=[{"name": name, "url": url} for url, name in urls],
-        profile=_profile_dict(profile, info),
+        profile=_profile_dict(profile, info, compute),
         break_even={
             name: {"tokens": evens[name], "checks": checks.get(name, [])} for name in evens
         },
@@ -288,6 +290,9 @@ def _run_requests(config, loaded, kv, base, decider, hints, compute, paths, prog
         kvtier_s += t1 - t0
         entry = decision_entry(got.record, made, compute)
         judge(entry, got.record.ttft_s, ref.record.ttft_s)
+        if isinstance(compute, RefinedCompute):  # what the engine measured, for the next ones
+            rec = got.record
+            compute.observe(rec.computed_tokens, rec.reused_tokens, rec.prefill_s)
         results.append(
             RequestResult(
                 index=index,
@@ -418,7 +423,7 @@ def _config_dict(config: RunConfig) -> dict:
     return out
 
 
-def _profile_dict(profile, info: ProfileInfo) -> dict:
+def _profile_dict(profile, info: ProfileInfo, compute) -> dict:
     pre = profile.prefill
     tiers = {}
     for name, fit in profile.tiers.items():
@@ -432,10 +437,31 @@ def _profile_dict(profile, info: ProfileInfo) -> dict:
             "fit_error": fit.load.max_rel_error,
         }
     copy = profile.device_copy
+    refined = None
+    if isinstance(compute, RefinedCompute):
+        fit = compute.fit
+        refined = {
+            "observed": compute.observed,
+            "a": fit.a,
+            "b": fit.b,
+            "c": fit.c,
+            "d": fit.d,
+            "e": fit.e,
+            "fit_error": fit.max_rel_error,
+        }
     return {
         **info.as_dict(),
         "created": profile.created,
-        "prefill": {"a": pre.a, "b": pre.b, "c": pre.c, "fit_error": pre.max_rel_error},
+        "prefill": {
+            "a": pre.a,
+            "b": pre.b,
+            "c": pre.c,
+            "d": pre.d,
+            "e": pre.e,
+            "fit_error": pre.max_rel_error,
+            "samples": [list(x) for x in pre.samples],
+        },
+        "refined": refined,
         "device_copy": None
         if copy is None
         else {"latency_s": copy.latency_s, "bandwidth": copy.bandwidth},

@@ -240,6 +240,11 @@ def render(report: RunReport, console) -> None:
         f"profile: {prof['source']} ({prof['reason']}"
         + (f"; measured now: {', '.join(prof['measured'])}" if prof["measured"] else "")
         + f"), {prof['seconds']:.1f} s"
+        + (
+            f"; prefill curve refined with the {prof['refined']['observed']} prefills kvtier ran"
+            if prof.get("refined")
+            else ""
+        )
     )
 
     req = Table(title="requests: time to first token, kvtier vs recompute-only", show_lines=False)

@@ -79,11 +79,22 @@ def plan_read(size: int, out, pool: BufferPool, *, direct: bool, maybe_raw: bool
     return plan
 
 
+KnownHeader = tuple[bytes, BlockHeader]
+"""A header's 128 bytes and what they parse to (for this namespace and key)."""
+
+
 def finish_read(
-    plan: ReadPlan, res: int, namespace: bytes, key: bytes, pool: BufferPool
-) -> BlockHeader:
+    plan: ReadPlan,
+    res: int,
+    namespace: bytes,
+    key: bytes,
+    pool: BufferPool,
+    known: KnownHeader | None = None,
+) -> tuple[BlockHeader, KnownHeader]:
     """Check what ``plan`` read (``res`` bytes) and complete the caller's buffer.
 
+    ``known`` (from an earlier read of this key) skips parsing a header whose bytes are the
+    same; the checksum is verified either way. Returns the header and its ``known`` pair.
     Raises a BlockError for a short, foreign or damaged block, BufferTooSmallError when the
     caller's buffer cannot hold it. The scratch goes back to ``pool`` either way.
     """
@@ -91,7 +102,12 @@ def finish_read(
         if res != plan.size:
             raise CorruptBlockError(f"block file truncated: read {res} of {plan.size} bytes")
         page = plan.scratch[:HEADER_SIZE]
-        header = parse_header(page, namespace, key)
+        head = page.tobytes()
+        if known is not None and known[0] == head:
+            header = known[1]
+        else:
+            known = (head, parse_header(head, namespace, key))
+            header = known[1]
         stored, bulk, target = header.stored_len, plan.bulk, plan.target
         if file_size(stored) != plan.size:
             raise CorruptBlockError(
@@ -108,7 +124,7 @@ def finish_read(
                 np.copyto(np.frombuffer(target, np.uint8, stored - bulk, bulk), tail)
         else:
             _decode(plan, header, tail, pool)
-        return header
+        return header, known
     finally:
         pool.give(plan.scratch)
 

@@ -62,7 +62,14 @@ from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
 from kvtier.tiers._aligned import PAGE, BufferPool
-from kvtier.tiers._blockfile import ReadPlan, WritePlan, finish_read, plan_read, plan_write
+from kvtier.tiers._blockfile import (
+    KnownHeader,
+    ReadPlan,
+    WritePlan,
+    finish_read,
+    plan_read,
+    plan_write,
+)
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers._io import IOBackend, IOOp, make_backend, run_inline
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
@@ -83,6 +90,7 @@ _OPTIONS = ("size", "eviction", "admit_after", "io", "depth", "direct", "sync", 
 class _Entry:
     size: int  # bytes of the file
     raw: bool | None = None  # payload stored as is (codec raw); None until read
+    known: KnownHeader | None = None  # the header last read from the file, bytes and parsed
 
 
 @dataclass(slots=True)
@@ -91,7 +99,7 @@ class _Read:
     fd: int
     plan: ReadPlan
     out: object
-    guessed: bool  # the file size came from the index, not from fstat
+    entry: _Entry | None  # the index entry the file size came from (None: from fstat)
 
 
 @dataclass(slots=True)
@@ -383,7 +391,7 @@ class DiskTier(Tier):
             maybe_raw = entry is None or entry.raw is not False
             size = entry.size if entry is not None else os.fstat(fd).st_size  # one syscall less
             plan = plan_read(size, out, self._pool, direct=self.direct, maybe_raw=maybe_raw)
-            return _Read(key, fd, plan, out, entry is not None)
+            return _Read(key, fd, plan, out, entry)
         except BaseException:
             os.close(fd)
             raise
@@ -393,16 +401,20 @@ class DiskTier(Tier):
             if res < 0:
                 self._pool.give(read.plan.scratch)
                 raise BlockIOError(f"reading block {read.key.hex()} failed: {os.strerror(-res)}")
+            entry = read.entry
+            known = entry.known if entry is not None else None
             try:
-                header = finish_read(read.plan, res, self.namespace, read.key, self._pool)
+                header, known = finish_read(
+                    read.plan, res, self.namespace, read.key, self._pool, known
+                )
             except CorruptBlockError:
                 size = os.fstat(read.fd).st_size
-                if not read.guessed or size == read.plan.size:
+                if entry is None or size == read.plan.size:
                     raise
                 # another writer replaced the file with one of another size: read what is there
                 plan = plan_read(size, read.out, self._pool, direct=self.direct, maybe_raw=True)
                 res = run_inline(IOOp(read.fd, plan.bufs))
-                header = finish_read(plan, res, self.namespace, read.key, self._pool)
+                header, known = finish_read(plan, res, self.namespace, read.key, self._pool)
         finally:
             os.close(read.fd)
         if touch:
@@ -410,6 +422,7 @@ class DiskTier(Tier):
                 entry = self._index.get(read.key)
                 if entry is not None:
                     entry.raw = header.meta.codec == "raw"
+                    entry.known = known
                     self._policy.touch(read.key)
         return header
 

@@ -176,6 +176,25 @@ class Ring:
             else:
                 self._to_submit -= ret
 
+    def submit(self) -> None:
+        """Hand what is queued to the kernel now, without waiting for anything."""
+        while self._to_submit:
+            ret = _syscall(
+                ctypes.c_long(_SYS_ENTER),
+                ctypes.c_int(self.fd),
+                ctypes.c_uint(self._to_submit),
+                ctypes.c_uint(0),
+                ctypes.c_uint(0),
+                None,
+                ctypes.c_size_t(0),
+            )
+            if ret < 0:
+                err = ctypes.get_errno()
+                if err not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
+                    raise UringError(err, f"io_uring_enter failed: {os.strerror(err)}")
+                return  # busy: the next wait submits them
+            self._to_submit -= ret
+
     def _reap(self) -> list[tuple[int, int]]:
         cq32 = self._cq32
         head = cq32[self._cq_head_i]

@@ -39,7 +39,7 @@ class QuickPlan:
 
     max_tokens: int = 512
     compute_budget_s: float = 12.0
-    repeats: int = 1
+    repeats: int = 2
     load_chunks: tuple[int, ...] = (1, 2, 4, 8)
     load_repeats: int = 3
     context_tokens: tuple[int, ...] = (1024,)

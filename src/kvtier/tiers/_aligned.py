@@ -9,6 +9,7 @@ allocated per block.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import threading
 
@@ -29,7 +30,10 @@ def align_down(n: int, align: int = PAGE) -> int:
 
 def address(buf) -> int:
     """Address of the first byte of a contiguous buffer (read-only buffers included)."""
-    return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+    try:  # writable buffers: ~6x faster than asking numpy (this runs several times per block)
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    except (TypeError, ValueError):  # read-only or empty
+        return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
 
 
 def is_aligned(buf, align: int = PAGE) -> bool:

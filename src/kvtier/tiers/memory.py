@@ -2,8 +2,10 @@
 
 Every block (its 128-byte header, then the stored payload) lives in fixed-size slots of one
 arena (see ``_slab``): the slot size comes from ``slot=`` or, by default, from the first block
-put (rounded up to 4 KiB), so same-sized KV chunks take one slot each and a block that is larger
-spans several. Slots are reused: no buffer is allocated per block on the hot path.
+put (rounded up to 4 KiB), so same-sized KV chunks take one slot each; a payload of whole pages
+then starts on the slot's second page, as aligned as the caller's buffers. A block that is
+larger spans several slots (header and payload back to back). Slots are reused: no buffer is
+allocated per block on the hot path.
 
 A read copies straight from the slot into the caller's buffer, without the tier lock for the
 common case (a raw block in one slot, a flat uint8 buffer of its size): it looks the block up
@@ -54,7 +56,8 @@ from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
 _U8 = np.dtype(np.uint8)
 _UNIT = (1,)
-_TOUCH_MAX = 4096  # recency updates queued by unlocked reads before a reader applies them
+_TOUCH_MAX = 64  # recency updates queued by unlocked reads before a reader applies them
+# (small: applying them holds the GIL, and a long burst stalls the other readers' copies)
 
 
 @dataclass(slots=True, eq=False)
@@ -352,9 +355,13 @@ class MemoryTier(Tier):
         head[:] = np.frombuffer(header, np.uint8)
         src = np.frombuffer(stored, np.uint8)
         n, pos = src.nbytes, 0
+        # a payload that leaves a page for the header in its slot (any payload of whole pages)
+        # starts on a page, like the caller's buffers: a copy between buffers 128 bytes apart
+        # runs slower
+        first = PAGE if len(views) == 1 and PAGE + n <= arena.slot_size else HEADER_SIZE
         parts = []
         for i, view in enumerate(views):
-            room = view[HEADER_SIZE:] if i == 0 else view
+            room = view[first:] if i == 0 else view
             part = room[: min(room.nbytes, n - pos)]
             np.copyto(part, src[pos : pos + part.nbytes])
             parts.append(part)

@@ -17,19 +17,22 @@ there is read and verified) but enter this process's index, and its capacity acc
 the next open. Several processes may read and write the same keys: rename is atomic and files
 still open are never reused, so a reader sees the old or the new block, never a mix.
 
-I/O: ``io=threads`` (default) runs whole operations on ``depth`` threads; ``io=uring`` submits
-them to io_uring rings (see ``_uring``). Measured on the dev VM (virtio disk, ext4, 2 shared
-cores), 1 MiB blocks, depth 8, one caller with batches of 32, 6 alternating passes, medians:
-threads write 1319 / read 1186 MiB/s, uring 1045 / 1080; 256 KiB: threads 408 / 713, uring
-367 / 634; with aligned buffers at 1 MiB: threads 1404 / 1228, uring 1204 / 1057. Threads won
-every read and most writes (io_uring runs O_DIRECT submission in the caller's thread; the
-pool spreads it and the checksums over the cores), hence the default.
+I/O: ``io=uring`` (the default where io_uring can be set up, else ``threads``) submits
+operations to an io_uring ring from the calling thread, preparing the next one (open, buffers)
+while the queue is full and handing it to the kernel before completing the ones that finished
+(checksum, rename), so the device never waits for that work and no thread hand-off sits
+between two requests; ``io=threads`` runs whole operations on ``depth`` workers (the caller is
+one). On the dev VM (virtio disk, ext4, 2 shared cores) thread wake-ups cost ~60 us between two
+requests at depth 1, and at 256 KiB, depth 8, uring spent 160-230 us of CPU per block against
+270-390 us for threads (alternating passes), hence the default. Reads of a key parse its
+header once (later reads compare the 128 bytes); the checksum is verified on every read.
 
-Against fio (``kvtier bench storage``, fio psync, per-block files, O_DIRECT, O_DSYNC like the
-tier), the same VM gave at 1 MiB, depth 8: write 0.94x, read 0.90-1.10x; at 256 KiB, depth 8:
-write 0.36-0.43x, read 0.68-0.82x. Small blocks pay per-block file work fio does not (open, a
-lease check, a rename, the checksum and the Python around them); the disk was shared and
-fio's own figures moved 2x between runs, so treat these as indications.
+Against fio (``kvtier bench storage``: fio with the tier's engine, per-block files, O_DIRECT,
+O_DSYNC like the tier, same depth) see the README for the latest table. Small blocks pay
+per-block file work fio does not (open, a lease check, a rename, the checksum and the Python
+around them: ~150 us of CPU per 256 KiB block here, against ~100 us of kernel time per
+O_DSYNC write for fio too); the disk is shared and fio's own figures move 2x between runs, so
+treat single figures as indications.
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ def test_tiny_sweep(embedded_fp32_tok, tiny_profile, tmp_path):
         miss_tokens=32,
         miss_pairs=2,
         profile_path=tiny_profile,
+        guard=False,  # tests share the CPU: no waiting for quiet
     )
     bench = TTFTBench(config, loaded=embedded_fp32_tok)
     steps = []
@@ -134,3 +135,19 @@ def test_bad_lengths_are_one_line_exit_2(monkeypatch, capsys):
         app()
     assert exc.value.code == 2
     assert "--lengths" in capsys.readouterr().err
+
+
+def test_quiet_guard_reruns_disturbed_measurements():
+    from kvtier.bench.ttft import QuietGuard
+
+    canaries = iter([0.1, 0.1, 0.1] + [0.1, 0.5] + [0.1, 0.1] + [0.5] * 20)
+    guard = QuietGuard(lambda: next(canaries), factor=1.3, tries=3, max_wait_s=0.0)
+    runs = iter([2.0, 1.0, 7.0, 8.0, 6.0])
+    # first try: quiet before, disturbed after; second try: quiet before and after
+    assert guard.measure(lambda: next(runs)) == 1.0
+    assert guard.retries == 1 and guard.disturbed == 0
+    # never quiet again: three tries, the fastest kept, and counted as disturbed
+    assert guard.measure(lambda: next(runs)) == 6.0
+    assert guard.retries == 4 and guard.disturbed == 1
+    off = QuietGuard(lambda: 1 / 0, enabled=False)  # disabled: no canary at all
+    assert off.measure(lambda: 3.0) == 3.0

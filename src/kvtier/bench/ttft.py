@@ -68,6 +68,7 @@ class TTFTBenchConfig:
     miss_tokens: int = 256
     miss_pairs: int = 10
     tie: float = 0.05
+    guard: bool = True
     profile_path: Path | None = None
     calibrate: bool = False
     seed: int = 0
@@ -190,6 +191,7 @@ class TTFTReport:
     tie: float
     load_average: dict[str, list[float]] = field(default_factory=dict)
     seconds: float = 0.0
+    guard: dict[str, Any] = field(default_factory=dict)
 
     def targets(self) -> list[Target]:
         """The issue's targets with their verdicts."""
@@ -282,6 +284,7 @@ class TTFTReport:
             "break_even": self.break_even,
             "tie": self.tie,
             "load_average": self.load_average,
+            "guard": self.guard,
             "seconds": self.seconds,
             "config": self.config,
         }
@@ -296,8 +299,76 @@ def _argmax_ttft(engine, ids) -> tuple[float, Any]:
     return time.perf_counter() - start, pre
 
 
-def _best(fn, repeats: int) -> float:
-    return min(fn() for _ in range(repeats))
+class QuietGuard:
+    """Measures only while the machine is quiet: a canary (a short forward) gates each run.
+
+    Before a measurement the canary runs until it is within ``factor`` of its best time (for at
+    most ``max_wait_s``); after it, a slower canary marks the measurement as disturbed (other
+    work shared the CPU meanwhile) and it runs again, ``tries`` times in all, the fastest kept.
+    Disabled, it just runs each measurement once.
+    """
+
+    def __init__(
+        self,
+        canary: Callable[[], float],
+        factor: float = 1.3,
+        tries: int = 3,
+        max_wait_s: float = 60.0,
+        enabled: bool = True,
+    ):
+        self.canary = canary
+        self.factor = factor
+        self.tries = tries
+        self.max_wait_s = max_wait_s
+        self.enabled = enabled
+        self.best = min(canary() for _ in range(3)) if enabled else 0.0
+        self.retries = 0
+        self.disturbed = 0
+        self.waited_s = 0.0
+
+    def quiet(self) -> bool:
+        """Run the canary once: whether it ran at its usual speed."""
+        t = self.canary()
+        self.best = min(self.best, t)
+        return t <= self.best * self.factor
+
+    def wait(self) -> None:
+        """Wait (up to ``max_wait_s``) until the canary runs at its usual speed."""
+        start = time.perf_counter()
+        while not self.quiet() and time.perf_counter() - start < self.max_wait_s:
+            time.sleep(1.0)
+        self.waited_s += time.perf_counter() - start
+
+    def measure(self, fn: Callable[[], float], tries: int | None = None) -> float:
+        """The fastest undisturbed run of ``fn`` (seconds it returns)."""
+        if not self.enabled:
+            return fn()
+        best = float("inf")
+        for _ in range(tries or self.tries):
+            self.wait()
+            best = min(best, fn())
+            if self.quiet():
+                return best
+            self.retries += 1
+        self.disturbed += 1
+        return best
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the guard did (JSON-ready)."""
+        return {
+            "enabled": self.enabled,
+            "canary_s": self.best,
+            "factor": self.factor,
+            "retries": self.retries,
+            "disturbed": self.disturbed,
+            "waited_s": self.waited_s,
+        }
+
+
+def _best(fn, repeats: int, guard: QuietGuard | None = None, tries: int | None = None) -> float:
+    if guard is None:
+        return min(fn() for _ in range(repeats))
+    return min(guard.measure(fn, tries) for _ in range(repeats))
 
 
 class TTFTBench:
@@ -308,6 +379,7 @@ class TTFTBench:
         self.loaded = loaded
         self.on_step: Callable[[str], None] = lambda label: None
         self._model = None
+        self.guard: QuietGuard | None = None
 
     def steps(self) -> int:
         """Progress steps: setup (2), each length, reuse bound, each miss pair."""
@@ -383,16 +455,23 @@ class TTFTBench:
                 )
             plain = HFEngine(model, None, namespace=ns, chunk_tokens=c)
             plain.generate([1, 2, 3, 4, 5, 6, 7, 8], 2)  # warm-up
+            canary_ids = prompt(16)
+            self.guard = QuietGuard(lambda: _argmax_ttft(plain, canary_ids)[0], enabled=cfg.guard)
             longest = None
             for p in sorted(cfg.lengths):
                 ids = prompt(p + cfg.new_tokens)
                 n = ids.numel()
-                reps = cfg.repeats if profile.compute.prefill_seconds(n) < cfg.long_s else 1
-                best, pre = float("inf"), None
-                for _ in range(reps):
+                long = profile.compute.prefill_seconds(n) >= cfg.long_s
+                reps = 1 if long else cfg.repeats
+                held: list = []
+
+                def recompute(ids=ids, held=held) -> float:
                     t, pre = _argmax_ttft(plain, ids)
-                    best = min(best, t)
-                recompute_s = best
+                    held[:] = [pre]
+                    return t
+
+                recompute_s = _best(recompute, reps, self.guard, 2 if long else None)
+                pre = held[0]
                 keys = plain.keys(ids)
                 whole = p // c
                 payloads = []
@@ -477,6 +556,7 @@ class TTFTBench:
             tie=cfg.tie,
             load_average=loads,
             seconds=time.perf_counter() - began,
+            guard=self.guard.as_dict() if self.guard is not None else {},
         )
 
     def _cell(self, p, name, ids, recompute_s, loader, policy, reps) -> Cell:
@@ -492,7 +572,7 @@ class TTFTBench:
         load_s = None
         note = ""
         if usable:
-            load_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3))
+            load_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3), self.guard)
         else:
             note = f"prefix shorter than one {c}-token chunk: nothing to load"
         partial_s = None
@@ -501,7 +581,7 @@ class TTFTBench:
             saved = loader.decide
             loader.decide = lambda q, k=k: k
             try:
-                partial_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3))
+                partial_s = _best(lambda: _argmax_ttft(loader, ids)[0], max(reps, 3), self.guard)
             finally:
                 loader.decide = saved
         predicted = decision.predicted_s
@@ -549,7 +629,7 @@ class TTFTBench:
                 int(torch.argmax(logits[0, -1]))
             return time.perf_counter() - start
 
-        new_prefill_s = _best(new_only, max(self.config.repeats, 3))
+        new_prefill_s = _best(new_only, max(self.config.repeats, 3), self.guard)
         nbytes = reused * layout.bytes_per_token
         src = torch.empty(nbytes, dtype=torch.uint8)
         dst = torch.empty_like(src)
@@ -561,7 +641,7 @@ class TTFTBench:
             dst.copy_(src)
             return time.perf_counter() - start
 
-        copy_s = _best(copy, 5)
+        copy_s = _best(copy, 5, self.guard)
         bound = new_prefill_s + copy_s
         return {
             "prefix_tokens": p,
@@ -598,20 +678,28 @@ class TTFTBench:
         plain = HFEngine(model, None, namespace=ns, chunk_tokens=cfg.chunk_tokens)
         with_kv, without, own_kv, own_plain = [], [], [], []
         try:
+            guard = self.guard
             for i in range(cfg.miss_pairs):
-                ids = prompt(cfg.miss_tokens)
                 order = (plain, kv) if i % 2 == 0 else (kv, plain)  # ABBA over two pairs
-                for engine in order:
-                    rec = engine.generate(ids, 1).record
-                    if engine is kv:
-                        with_kv.append(rec.ttft_s)
-                        own_kv.append(rec.ttft_s - rec.prefill_s)
-                        if rec.hit_chunks:
-                            raise ConfigError("the miss benchmark's prompt was found in the cache")
-                        engine.flush(timeout=300)
-                    else:
-                        without.append(rec.ttft_s)
-                        own_plain.append(rec.ttft_s - rec.prefill_s)
+                for _ in range(guard.tries if guard.enabled else 1):
+                    if guard.enabled:
+                        guard.wait()
+                    ids = prompt(cfg.miss_tokens)  # fresh on each try: a miss stays a miss
+                    pair = {}
+                    for engine in order:
+                        rec = engine.generate(ids, 1).record
+                        if engine is kv:
+                            if rec.hit_chunks:
+                                raise ConfigError("the miss prompt was found in the cache")
+                            engine.flush(timeout=300)
+                        pair[engine is kv] = (rec.ttft_s, rec.ttft_s - rec.prefill_s)
+                    if not guard.enabled or guard.quiet():
+                        break
+                    guard.retries += 1
+                with_kv.append(pair[True][0])
+                own_kv.append(pair[True][1])
+                without.append(pair[False][0])
+                own_plain.append(pair[False][1])
                 self.on_step(f"miss pair {i + 1}")
         finally:
             kv.close()
@@ -700,6 +788,13 @@ def render(report: TTFTReport, console) -> None:
         for name, v in report.break_even.items()
     )
     console.print(f"break-even: {evens}")
+    g = report.guard
+    if g.get("enabled"):
+        console.print(
+            f"quiet guard: canary {g['canary_s'] * 1e3:.0f} ms; {g['retries']} measurements "
+            f"rerun after contention, {g['disturbed']} still disturbed, waited "
+            f"{g['waited_s']:.0f} s in all"
+        )
     targets = Table(title="targets (issue #4)")
     for col in ("target", "measured", "required", "verdict", "detail"):
         targets.add_column(col, justify="right" if col == "measured" else "left")

@@ -56,6 +56,13 @@ def ttft(
     calibrate: Annotated[
         bool, typer.Option("--calibrate", help="Measure a profile now, even if one fits.")
     ] = False,
+    guard: Annotated[
+        bool,
+        typer.Option(
+            help="Time only while a canary forward runs at its usual speed; rerun measurements "
+            "that other work disturbed."
+        ),
+    ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
 ) -> None:
@@ -81,6 +88,7 @@ def ttft(
         miss_pairs=miss_pairs,
         profile_path=profile,
         calibrate=calibrate,
+        guard=guard,
     )
     err = Console(stderr=True)
     with Progress(

@@ -28,11 +28,13 @@ requests at depth 1, and at 256 KiB, depth 8, uring spent 160-230 us of CPU per 
 header once (later reads compare the 128 bytes); the checksum is verified on every read.
 
 Against fio (``kvtier bench storage``: fio with the tier's engine, per-block files, O_DIRECT,
-O_DSYNC like the tier, same depth) see the README for the latest table. Small blocks pay
-per-block file work fio does not (open, a lease check, a rename, the checksum and the Python
-around them: ~150 us of CPU per 256 KiB block here, against ~100 us of kernel time per
-O_DSYNC write for fio too); the disk is shared and fio's own figures move 2x between runs, so
-treat single figures as indications.
+O_DSYNC like the tier, same depth), one run on the same VM (load average 1.3-2.4, repeats of 3,
+depths 1/4/16): default 5.6 MiB blocks write 0.83/0.92/0.78x, read 0.99/0.98/1.21x; 1 MiB write
+1.42/0.84/1.04x, read 1.29/0.84/1.17x; 256 KiB write 1.15/0.52/0.63x, read 0.70/0.54/0.68x.
+Small blocks pay per-block file work fio does not (open, a lease check, a rename, the checksum
+and the Python around them: ~100-150 us of CPU per block here, all in the caller's thread with
+io_uring); the disk is shared and fio's own figures moved 2x between runs, so treat single
+figures as indications.
 """
 
 from __future__ import annotations

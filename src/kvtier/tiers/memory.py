@@ -21,9 +21,11 @@ key, or a damaged header, is never served.
 With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
 host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
 
-Measured on the dev VM (2 shared cores; one thread, 128 MiB of blocks, medians of 11 passes):
-``get_into`` reaches 0.77-0.82x a plain ``numpy.copyto`` into a preallocated buffer at 256 KiB
-blocks and 0.92-0.97x at 1 MiB; the fixed cost per read is ~2.5 us (lock, pin, header check).
+Measured on the dev VM (2 shared cores), ``kvtier bench storage`` against ``numpy.copyto``
+between preallocated buffers on as many threads: 1 MiB 0.97/0.94/0.83x at 1/4/16 threads, the
+default 5.6 MiB blocks 1.02/0.98/1.16x, 256 KiB 0.78/0.55/0.63x; the fixed cost of an unlocked
+read is ~1.5 us (one thread, 4 KiB blocks), but with several threads on 2 cores the Python around
+each copy waits for the GIL, which hurts small blocks most.
 """
 
 from __future__ import annotations

@@ -140,10 +140,14 @@ def test_bad_lengths_are_one_line_exit_2(monkeypatch, capsys):
 def test_quiet_guard_reruns_disturbed_measurements():
     from kvtier.bench.ttft import QuietGuard
 
-    canaries = iter([0.1, 0.1, 0.1] + [0.1, 0.5] + [0.1, 0.1] + [0.5] * 20)
-    guard = QuietGuard(lambda: next(canaries), factor=1.3, tries=3, max_wait_s=0.0)
+    # reference: median of five; each check takes the faster of two canaries
+    canaries = iter(
+        [0.1, 0.12, 0.1, 0.11, 0.1] + [0.1, 0.3] + [0.5, 0.4] + [0.2, 0.1] + [0.1] * 2 + [0.5] * 40
+    )
+    guard = QuietGuard(lambda: next(canaries), factor=1.5, tries=3, max_wait_s=0.0)
+    assert guard.reference == 0.1
     runs = iter([2.0, 1.0, 7.0, 8.0, 6.0])
-    # first try: quiet before, disturbed after; second try: quiet before and after
+    # first try: quiet before, contended after; second try: quiet before and after
     assert guard.measure(lambda: next(runs)) == 1.0
     assert guard.retries == 1 and guard.disturbed == 0
     # never quiet again: three tries, the fastest kept, and counted as disturbed

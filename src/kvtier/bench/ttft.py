@@ -302,41 +302,45 @@ def _argmax_ttft(engine, ids) -> tuple[float, Any]:
 class QuietGuard:
     """Measures only while the machine is quiet: a canary (a short forward) gates each run.
 
-    Before a measurement the canary runs until it is within ``factor`` of its best time (for at
-    most ``max_wait_s``); after it, a slower canary marks the measurement as disturbed (other
-    work shared the CPU meanwhile) and it runs again, ``tries`` times in all, the fastest kept.
-    Disabled, it just runs each measurement once.
+    The reference is the median of a few canaries at the start; a check runs the canary twice
+    and takes the faster (one run varies by ±15 % on a quiet CPU, and the first after an idle
+    second is slow). Other work on the CPU slows it far more (two torch processes on two cores
+    run several times slower), so a check slower than ``factor`` × the reference means
+    contention. Before a measurement the guard waits for a quiet check (at most ``max_wait_s``
+    each time, ``total_wait_s`` in all); after it, a contended check marks it as disturbed and
+    it runs again, ``tries`` times in all, the fastest kept. Disabled, it runs each once.
     """
 
     def __init__(
         self,
         canary: Callable[[], float],
-        factor: float = 1.3,
+        factor: float = 1.5,
         tries: int = 3,
-        max_wait_s: float = 60.0,
+        max_wait_s: float = 30.0,
+        total_wait_s: float = 300.0,
         enabled: bool = True,
     ):
         self.canary = canary
         self.factor = factor
         self.tries = tries
         self.max_wait_s = max_wait_s
+        self.total_wait_s = total_wait_s
         self.enabled = enabled
-        self.best = min(canary() for _ in range(3)) if enabled else 0.0
+        self.reference = statistics.median(canary() for _ in range(5)) if enabled else 0.0
         self.retries = 0
         self.disturbed = 0
         self.waited_s = 0.0
 
     def quiet(self) -> bool:
-        """Run the canary once: whether it ran at its usual speed."""
-        t = self.canary()
-        self.best = min(self.best, t)
-        return t <= self.best * self.factor
+        """Run the canary twice: whether the faster ran at its usual speed."""
+        return min(self.canary(), self.canary()) <= self.reference * self.factor
 
     def wait(self) -> None:
-        """Wait (up to ``max_wait_s``) until the canary runs at its usual speed."""
+        """Wait (up to ``max_wait_s``, within the total budget) for a quiet check."""
         start = time.perf_counter()
-        while not self.quiet() and time.perf_counter() - start < self.max_wait_s:
-            time.sleep(1.0)
+        limit = min(self.max_wait_s, self.total_wait_s - self.waited_s)
+        while not self.quiet() and time.perf_counter() - start < limit:
+            time.sleep(2.0)
         self.waited_s += time.perf_counter() - start
 
     def measure(self, fn: Callable[[], float], tries: int | None = None) -> float:
@@ -357,7 +361,7 @@ class QuietGuard:
         """What the guard did (JSON-ready)."""
         return {
             "enabled": self.enabled,
-            "canary_s": self.best,
+            "canary_s": self.reference,
             "factor": self.factor,
             "retries": self.retries,
             "disturbed": self.disturbed,

@@ -140,18 +140,20 @@ def test_bad_lengths_are_one_line_exit_2(monkeypatch, capsys):
 def test_quiet_guard_reruns_disturbed_measurements():
     from kvtier.bench.ttft import QuietGuard
 
-    # reference: median of five; each check takes the faster of two canaries
-    canaries = iter(
-        [0.1, 0.12, 0.1, 0.11, 0.1] + [0.1, 0.3] + [0.5, 0.4] + [0.2, 0.1] + [0.1] * 2 + [0.5] * 40
-    )
+    # each check is the faster of two canaries; the reference is the fastest check so far
+    start = [0.1, 0.12, 0.11, 0.1, 0.1, 0.1]
+    first = [0.1, 0.3, 0.5, 0.4, 0.2, 0.1, 0.1, 0.1]  # check pairs: quiet, busy, quiet, quiet
+    canaries = iter(start + first + [0.5] * 40)
     guard = QuietGuard(lambda: next(canaries), factor=1.5, tries=3, max_wait_s=0.0)
     assert guard.reference == 0.1
     runs = iter([2.0, 1.0, 7.0, 8.0, 6.0])
     # first try: quiet before, contended after; second try: quiet before and after
     assert guard.measure(lambda: next(runs)) == 1.0
-    assert guard.retries == 1 and guard.disturbed == 0
+    assert guard.retries == 1 and guard.disturbed_runs == 0
     # never quiet again: three tries, the fastest kept, and counted as disturbed
     assert guard.measure(lambda: next(runs)) == 6.0
-    assert guard.retries == 4 and guard.disturbed == 1
+    assert guard.retries == 4 and guard.disturbed_runs == 1
+    assert guard.last_check == 0.5 and guard.disturbed(guard.last_check)
+    assert not guard.disturbed(0.14)
     off = QuietGuard(lambda: 1 / 0, enabled=False)  # disabled: no canary at all
-    assert off.measure(lambda: 3.0) == 3.0
+    assert off.measure(lambda: 3.0) == 3.0 and not off.disturbed(99.0)

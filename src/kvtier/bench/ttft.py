@@ -579,7 +579,7 @@ class TTFTBench:
                         )
                     )
             if longest is not None:
-                reuse = self._reuse(longest, cells, layout)
+                reuse = self._reuse(longest, cells, layout, loaders.get("dram"))
             del longest
             self.on_step("reuse bound")
             miss = self._miss(loaded, ns, urls, prompt, layout)
@@ -693,8 +693,13 @@ class TTFTBench:
             note=note,
         )
 
-    def _reuse(self, longest, cells: list[Cell], layout) -> dict[str, Any]:
-        """Reuse TTFT at the longest prefix in DRAM vs recompute, and vs its bound."""
+    def _reuse(self, longest, cells: list[Cell], layout, loader=None) -> dict[str, Any]:
+        """Reuse TTFT at the longest prefix in DRAM vs recompute, and vs its bound.
+
+        The reuse (``loader``: the engine over the DRAM tier) and the bound's prefill of only
+        the new tokens after the in-memory prefix are timed in alternation, so both see the
+        same machine; the reuse time is the faster of that and the sweep's.
+        """
         import torch
 
         p, ids, pre = longest
@@ -722,7 +727,13 @@ class TTFTBench:
                 int(torch.argmax(logits[0, -1]))
             return time.perf_counter() - start
 
-        new_prefill_s = _best(new_only, max(self.config.repeats, 3), self.guard)
+        rounds = max(self.config.repeats, 5)
+        new_prefill_s = reuse_s = float("inf")
+        for _ in range(rounds):
+            new_prefill_s = min(new_prefill_s, _best(new_only, 1, self.guard))
+            if loader is not None:
+                reuse_s = min(reuse_s, _best(lambda: _argmax_ttft(loader, ids)[0], 1, self.guard))
+        reuse_s = min(reuse_s, cell.load_s)
         nbytes = reused * layout.bytes_per_token
         src = torch.empty(nbytes, dtype=torch.uint8)
         dst = torch.empty_like(src)
@@ -740,15 +751,16 @@ class TTFTBench:
             "prefix_tokens": p,
             "reused_tokens": reused,
             "new_tokens": ids.numel() - reused,
-            "reuse_s": cell.load_s,
+            "reuse_s": reuse_s,
+            "sweep_reuse_s": cell.load_s,
             "recompute_s": recompute_s,
-            "speedup": recompute_s / cell.load_s,
+            "speedup": recompute_s / reuse_s,
             "new_prefill_s": new_prefill_s,
             "kv_bytes": nbytes,
             "copy_s": copy_s,
             "copy_bandwidth": nbytes / copy_s,
             "bound_s": bound,
-            "bound_ratio": cell.load_s / bound,
+            "bound_ratio": reuse_s / bound,
         }
 
     def _miss(self, loaded, ns, urls, prompt, layout) -> dict[str, Any]:

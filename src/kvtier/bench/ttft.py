@@ -466,10 +466,14 @@ class TTFTBench:
         def prompt(tokens: int):
             return torch.randint(3, vocab, (tokens,), generator=gen)
 
+        # loads up to 64 chunks (the disk tier reads large requests faster than small ones),
+        # the prefill curve out to the longest prefix, the fastest of three runs per point
         plan = QuickPlan(
             max_tokens=1024,
             compute_budget_s=30.0,
             repeats=2,
+            load_chunks=(1, 4, 16, 64),
+            context_repeats=3,
             context_tokens=tuple(sorted({1024, 4096, max(cfg.lengths)})),
             full_tokens=(2048,) if max(cfg.lengths) >= 4096 else (),
         )

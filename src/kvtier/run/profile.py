@@ -45,6 +45,7 @@ class QuickPlan:
     context_tokens: tuple[int, ...] = (1024,)
     full_tokens: tuple[int, ...] = ()
     context_new: tuple[int, ...] = (16, 64)
+    context_repeats: int = 2
 
 
 @dataclass
@@ -296,7 +297,7 @@ def context_samples(
             for new in plan.context_new:
                 best = min(
                     timed(ids[:, :new], kv_to_cache(kv, model.config))
-                    for _ in range(max(plan.repeats, 2))
+                    for _ in range(max(plan.context_repeats, 1))
                 )
                 out.append((new, cached, best))
         for n in fulls:

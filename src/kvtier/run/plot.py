@@ -44,7 +44,7 @@ def plot_ttft(report: RunReport, path: Path) -> Path:
     ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
     m = report.model
     ax.set_title(f"TTFT per request: {m['model_id']} {m['dtype']} on {m['device']}")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

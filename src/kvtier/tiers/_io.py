@@ -149,6 +149,14 @@ class UringIO(IOBackend):
         self._lock = threading.Lock()
         self._closed = False
 
+    def take_ring(self) -> _uring.Ring:
+        """A ring of ``depth`` entries for the caller's own use; give it back after."""
+        return self._take()
+
+    def give_ring(self, ring: _uring.Ring) -> None:
+        """Return a ring from :meth:`take_ring` (closed instead when it still has ops)."""
+        self._give(ring)
+
     def _take(self) -> _uring.Ring:
         with self._lock:
             if self._free:

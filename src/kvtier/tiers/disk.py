@@ -62,10 +62,11 @@ from kvtier.codec import (
     pack_block,
     parse_header,
 )
-from kvtier.codec.container import RAW_META
+from kvtier.codec.container import _CHECKSUM_OFFSET, RAW_META
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
+from kvtier.tiers import _short
 from kvtier.tiers._aligned import PAGE, BufferPool
 from kvtier.tiers._blockfile import (
     KnownHeader,
@@ -76,7 +77,8 @@ from kvtier.tiers._blockfile import (
     plan_write,
 )
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
-from kvtier.tiers._io import IOBackend, IOOp, make_backend, run_inline
+from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
+from kvtier.tiers._short import Known, WriteOp, buffer_address, seed_of
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
 SUFFIX = ".kvb"
@@ -96,6 +98,7 @@ class _Entry:
     size: int  # bytes of the file
     raw: bool | None = None  # payload stored as is (codec raw); None until read
     known: KnownHeader | None = None  # the header last read from the file, bytes and parsed
+    fast: Known | None = None  # a raw block's header as stored: reads take the short path
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class _Write:
     raw: bool
     plan: WritePlan
     value: float = 0.0
+    fast: Known | None = None
 
 
 class DiskTier(Tier):
@@ -287,10 +291,14 @@ class DiskTier(Tier):
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         results: list[BlockHeader | BlockError | None] = [None] * len(keys)
+        todo = self._short_reads(keys, outs, results) if len(keys) > 1 else range(len(keys))
+        if not todo:
+            return results
         reads: dict[int, _Read] = {}
         errors: list[Exception] = []
 
-        def prepare(i: int) -> IOOp | None:
+        def prepare(j: int) -> IOOp | None:
+            i = todo[j]
             try:
                 read = self._open_read(keys[i], outs[i])
             except BlockError as exc:
@@ -304,7 +312,8 @@ class DiskTier(Tier):
             reads[i] = read
             return IOOp(read.fd, read.plan.bufs)
 
-        def complete(i: int, res: int) -> None:
+        def complete(j: int, res: int) -> None:
+            i = todo[j]
             try:
                 results[i] = self._finish_read(reads.pop(i), res)
             except BlockError as exc:
@@ -312,7 +321,7 @@ class DiskTier(Tier):
             except Exception as exc:
                 errors.append(exc)
 
-        self._run(len(keys), prepare, complete)
+        self._run(len(todo), prepare, complete)
         if errors:
             raise errors[0]
         return results
@@ -325,8 +334,16 @@ class DiskTier(Tier):
         writes: dict[int, _Write] = {}
         evicted: list[bytes] = []
         errors: list[Exception] = []
+        todo: Sequence[int] = range(len(items))
+        if len(items) > 1 and isinstance(self.io, UringIO):
+            try:
+                todo = self._short_writes(items, results, evicted)
+            except BaseException:
+                self._notify_all(evicted)
+                raise
 
-        def prepare(i: int) -> IOOp | None:
+        def prepare(j: int) -> IOOp | None:
+            i = todo[j]
             key, payload, meta = items[i]
             try:
                 write = self._open_write(key, payload, meta, evicted)
@@ -338,14 +355,15 @@ class DiskTier(Tier):
             writes[i] = write
             return IOOp(write.fd, write.plan.bufs, write=True)
 
-        def complete(i: int, res: int) -> None:
+        def complete(j: int, res: int) -> None:
+            i = todo[j]
             try:
                 results[i] = self._finish_write(writes.pop(i), res)
             except Exception as exc:
                 errors.append(exc)
 
         try:
-            self._run(len(items), prepare, complete)
+            self._run(len(todo), prepare, complete)
         finally:
             self._notify_all(evicted)
         if errors:
@@ -377,6 +395,52 @@ class DiskTier(Tier):
         return self._free.bytes
 
     # --- internals: reads --------------------------------------------------------------------
+    def _short_reads(self, keys: Sequence[bytes], outs: Sequence, results: list) -> list[int]:
+        """Serve what the short path can (see ``_short``); returns the indices left over."""
+        io, index = self.io, self._index
+        everything = list(range(len(keys)))
+        if not isinstance(io, UringIO):
+            return everything
+        short: list[int] = []
+        knowns: list[Known] = []
+        for i, key in enumerate(keys):
+            entry = index.get(key)
+            fast = entry.fast if entry is not None else None
+            if fast is not None:
+                short.append(i)
+                knowns.append(fast)
+        if len(short) < 2:
+            return everything
+        path = self.block_path
+        served: list[int] = []
+        gone: list[int] = []
+        sub: list = [None] * len(short)
+        ring = io.take_ring()
+        try:
+            redo = _short.read_known(
+                _short.Slots(ring, io.depth, self._pool),
+                [path(keys[i]) for i in short],
+                knowns,
+                [outs[i] for i in short],
+                self._oflags,
+                sub,
+                served,
+                gone,
+            )
+        finally:
+            io.give_ring(ring)
+        for j in gone:
+            self._forget(keys[short[j]])
+        with self._lock:
+            touch = self._policy.touch
+            for j in served:
+                i = short[j]
+                results[i] = sub[j]
+                if keys[i] in index:
+                    touch(keys[i])
+        taken = set(short).difference(short[j] for j in redo)
+        return [i for i in everything if i not in taken]
+
     def _run(self, count: int, prepare, complete) -> None:
         if count == 1:  # nothing to overlap: do it here
             op = prepare(0)
@@ -427,7 +491,9 @@ class DiskTier(Tier):
                 entry = self._index.get(read.key)
                 if entry is not None:
                     entry.raw = header.meta.codec == "raw"
-                    entry.known = known
+                    if entry.known is not known:
+                        entry.known = known
+                        entry.fast = _known(known[0], header) if entry.raw else None
                     self._policy.touch(read.key)
         return header
 
@@ -496,7 +562,9 @@ class DiskTier(Tier):
             if isinstance(exc, OSError) and exc.errno in _NOSPACE:
                 return None
             raise
-        return _Write(key, fd, tmp, meta.codec == "raw", plan, meta.value)
+        raw = meta.codec == "raw"
+        fast = _written(self.namespace, key, header, meta, stored.nbytes) if raw else None
+        return _Write(key, fd, tmp, raw, plan, meta.value, fast)
 
     def _create_tmp(self, key: bytes, reuse: str | None) -> tuple[int, str]:
         """Open the file a write fills before it is renamed into place: a kept file, written
@@ -534,12 +602,16 @@ class DiskTier(Tier):
 
     def _finish_write(self, write: _Write, res: int) -> bool:
         self._pool.give(write.plan.scratch)
-        size = write.plan.size
+        return self._publish(write, write.plan.size, res)
+
+    def _publish(self, write: _Write, size: int, res: int) -> bool:
+        """Rename a written file of ``size`` bytes into place and index it (``res``: bytes
+        written or ``-errno``); a failed write gives its room back."""
         try:
             if res != size:
                 unlink(write.tmp)
                 self._unreserve(size)
-                if res >= 0 or -res in _NOSPACE:
+                if res >= 0 or -res in _NOSPACE or -res == errno.ECANCELED:
                     return False
                 raise OSError(-res, f"writing block {write.key.hex()}: {os.strerror(-res)}")
             with self._lock:
@@ -553,11 +625,74 @@ class DiskTier(Tier):
                 if old is not None:
                     self._used -= old.size
                     self._policy.remove(write.key)
-                self._index[write.key] = _Entry(size, write.raw)
+                self._index[write.key] = _Entry(size, write.raw, fast=write.fast)
                 self._policy.insert(write.key, size, write.value)
             return True
         finally:
             os.close(write.fd)  # only now: an open fd keeps a reused file from other takers
+
+    def _short_writes(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]], results: list, evicted: list
+    ) -> list[int]:
+        """Write the raw blocks the short path can (see ``_short``); the indices left over."""
+        io = self.io
+        assert isinstance(io, UringIO)
+        short = [i for i, item in enumerate(items) if item[2].codec == "raw"]
+        if len(short) < 2:
+            return list(range(len(items)))
+        rest = [i for i, item in enumerate(items) if item[2].codec != "raw"]
+        writes: dict[int, _Write] = {}
+        sizes: dict[int, int] = {}
+        errors: list[Exception] = []
+        direct = self.direct
+
+        def setup(j: int) -> WriteOp | None:
+            i = short[j]
+            key, payload, meta = items[i]
+            try:
+                head, stored = pack_block(self.namespace, key, payload, meta)
+                addr = buffer_address(stored, 0, writable=False) if direct else _address(stored)
+                if not addr:
+                    rest.append(i)  # an unaligned payload: the general path copies it
+                    return None
+                if not self._admit(key):
+                    return None
+                size = PAGE + -(-stored.nbytes // PAGE) * PAGE
+                ok, reuse = self._reserve(size, evicted)
+                if not ok:
+                    return None
+                try:
+                    fd, tmp = self._create_tmp(key, reuse)
+                except BaseException as exc:
+                    self._unreserve(size)
+                    if isinstance(exc, OSError) and exc.errno in _NOSPACE:
+                        return None
+                    raise
+            except Exception as exc:
+                errors.append(exc)
+                return None
+            fast = _written(self.namespace, key, head, meta, stored.nbytes)
+            writes[j] = _Write(key, fd, tmp, True, None, meta.value, fast)  # type: ignore[arg-type]
+            sizes[j] = size
+            return WriteOp(fd, head, stored, addr)
+
+        def publish(j: int, res: int) -> None:
+            try:
+                results[short[j]] = self._publish(writes.pop(j), sizes.pop(j), res)
+            except Exception as exc:
+                errors.append(exc)
+
+        ring = io.take_ring()
+        try:
+            _short.write_blocks(
+                _short.Slots(ring, io.depth, self._pool), len(short), setup, publish
+            )
+        finally:
+            io.give_ring(ring)
+        if errors:
+            raise errors[0]
+        rest.sort()
+        return rest
 
     # --- internals: leaving blocks -----------------------------------------------------------
     def _retire_locked(self, key: bytes) -> bool:
@@ -605,6 +740,22 @@ class BlockIOError(BlockError):
 
 
 # --- helpers -----------------------------------------------------------------------------------
+def _address(buf) -> int:
+    return int(np.frombuffer(buf, np.uint8).ctypes.data)
+
+
+def _known(head: bytes, header: BlockHeader) -> Known:
+    return Known(head, header, seed_of(head))
+
+
+def _written(namespace: bytes, key: bytes, head: bytes, meta: BlockMeta, stored: int) -> Known:
+    """What a raw block being written will read back as (its header, without parsing it)."""
+    if type(meta.shape) is not tuple or type(meta.value) is not float:
+        return _known(head, parse_header(head, namespace, key))
+    checksum = int.from_bytes(head[_CHECKSUM_OFFSET : _CHECKSUM_OFFSET + 8], "little")
+    return _known(head, BlockHeader(namespace, key, meta, stored, stored, checksum))
+
+
 def _scandir(path) -> list[os.DirEntry]:
     try:
         with os.scandir(path) as it:

@@ -28,13 +28,15 @@ import numpy as np
 import xxhash
 
 from kvtier.codec import BlockHeader
+from kvtier.codec.container import _CHECKSUM_OFFSET
 from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, BufferPool
+from kvtier.tiers._aligned import PAGE, BufferPool, address
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _U8 = np.dtype(np.uint8)
 _IOV = ctypes.sizeof(_uring.Iovec)
 SLOT = 2 * PAGE  # a header page and a tail page
+_ZERO8 = bytes(8)
 
 
 @dataclass(slots=True)
@@ -49,11 +51,11 @@ class Known:
 def buffer_address(buf, nbytes: int, *, writable: bool) -> int:
     """Address of a page-aligned contiguous byte buffer of at least ``nbytes``, else 0."""
     if type(buf) is np.ndarray:
-        if buf.dtype != _U8 or not buf.flags.c_contiguous or buf.nbytes < nbytes:
+        flags = buf.flags
+        if buf.dtype != _U8 or not flags.c_contiguous or buf.nbytes < nbytes:
             return 0
-        if writable and not buf.flags.writeable:
+        if writable and not flags.writeable:
             return 0
-        addr = buf.ctypes.data
     else:
         try:
             view = memoryview(buf)
@@ -61,10 +63,10 @@ def buffer_address(buf, nbytes: int, *, writable: bool) -> int:
             return 0
         if (writable and view.readonly) or not view.c_contiguous or view.nbytes < nbytes:
             return 0
-        try:
-            addr = np.frombuffer(view, np.uint8).ctypes.data
-        except (TypeError, ValueError):
-            return 0
+    try:
+        addr = address(buf)
+    except (TypeError, ValueError):
+        return 0
     return addr if addr % PAGE == 0 else 0
 
 
@@ -260,12 +262,7 @@ def write_blocks(
 
 def seed_of(head: bytes) -> xxhash.xxh3_64:
     """The xxh3 state of a header with its checksum field zeroed (see ``kvtier.codec``)."""
-    from kvtier.codec.container import _CHECKSUM_OFFSET
-
-    h = xxhash.xxh3_64(head[:_CHECKSUM_OFFSET])
-    h.update(b"\x00" * 8)
-    h.update(head[_CHECKSUM_OFFSET + 8 : 128])
-    return h
+    return xxhash.xxh3_64(head[:_CHECKSUM_OFFSET] + _ZERO8 + head[_CHECKSUM_OFFSET + 8 : 128])
 
 
 __all__ = ["Known", "Slots", "WriteOp", "buffer_address", "read_known", "seed_of", "write_blocks"]

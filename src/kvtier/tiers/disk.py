@@ -67,7 +67,7 @@ from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
 from kvtier.tiers import _short
-from kvtier.tiers._aligned import PAGE, BufferPool
+from kvtier.tiers._aligned import PAGE, BufferPool, address
 from kvtier.tiers._blockfile import (
     KnownHeader,
     ReadPlan,
@@ -651,7 +651,7 @@ class DiskTier(Tier):
             key, payload, meta = items[i]
             try:
                 head, stored = pack_block(self.namespace, key, payload, meta)
-                addr = buffer_address(stored, 0, writable=False) if direct else _address(stored)
+                addr = buffer_address(stored, 0, writable=False) if direct else address(stored)
                 if not addr:
                     rest.append(i)  # an unaligned payload: the general path copies it
                     return None
@@ -740,10 +740,6 @@ class BlockIOError(BlockError):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-def _address(buf) -> int:
-    return int(np.frombuffer(buf, np.uint8).ctypes.data)
-
-
 def _known(head: bytes, header: BlockHeader) -> Known:
     return Known(head, header, seed_of(head))
 

@@ -70,6 +70,8 @@ class _Block:
     head: np.ndarray  # the header as stored in the first slot
     parts: list[np.ndarray]  # the stored payload, in order, as views of the slots
     simple: bool  # raw payload in one slot: a read is a single copy
+    whole: np.ndarray | None  # parts[0] when simple: what an unlocked read copies
+    flat: int  # raw length when simple (a flat uint8 buffer this long takes one copy), else -1
     pins: int = 0  # readers copying out of the slots right now (locked path)
     dead: bool = False  # dropped while pinned: the last reader frees the slots
     freed: bool = False  # the slots went back to the arena (may hold another block now)
@@ -141,26 +143,22 @@ class MemoryTier(Tier):
         block = self._index.get(key)  # a dict lookup is atomic: no lock for the common case
         if (
             block is not None
-            and block.simple
             and type(out) is np.ndarray
-            and out.dtype == _U8
+            and out.nbytes == block.flat
             and out.strides == _UNIT
-            and out.nbytes == block.header.raw_len
+            and (out.dtype is _U8 or out.dtype == _U8)
         ):
-            np.copyto(out, block.parts[0])
+            np.copyto(out, block.whole)
             # valid only if the slots were not freed (and maybe refilled) meanwhile and the
             # header is intact; otherwise the locked path decides
             if not block.freed and block.head.tobytes() == block.header_bytes:
-                self._touch_later(key)
+                touched = self._touched
+                touched.append(key)  # atomic; the policy sees it before its next use
+                if len(touched) > _TOUCH_MAX:
+                    with self._lock:
+                        self._drain_locked()
                 return block.header
         return self._get_locked(key, out)
-
-    def _touch_later(self, key: bytes) -> None:
-        touched = self._touched
-        touched.append(key)  # deque.append is atomic; the policy sees it before its next use
-        if len(touched) > _TOUCH_MAX:
-            with self._lock:
-                self._drain_locked()
 
     def _drain_locked(self) -> None:
         """Show the policy the reads done without the lock, in order."""
@@ -189,9 +187,14 @@ class MemoryTier(Tier):
     def get_many_into(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
+        if len(keys) == 1 and len(outs) == 1:  # the common single-block request: no loop
+            try:
+                return [self.get_into(keys[0], outs[0])]
+            except BlockError as exc:
+                return [exc]
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
-        if len(keys) == 1 or all(type(o) is np.ndarray for o in outs):
+        if all(type(o) is np.ndarray for o in outs):
             results: list[BlockHeader | BlockError | None] = []
             get = self.get_into
             for key, out in zip(keys, outs, strict=True):
@@ -370,7 +373,9 @@ class MemoryTier(Tier):
             pos += part.nbytes
         parsed = parse_header(header)
         simple = len(parts) == 1 and parsed.meta.codec == "raw"
-        return _Block(slots, parsed, header, head, parts, simple)
+        if simple:
+            return _Block(slots, parsed, header, head, parts, True, parts[0], parsed.raw_len)
+        return _Block(slots, parsed, header, head, parts, False, None, -1)
 
     def _copy_out(self, key: bytes, block: _Block, out) -> BlockHeader:
         """Copy a pinned block's payload into ``out`` (the hot path: keep it short)."""

@@ -11,7 +11,7 @@ import pytest
 from kvtier.codec import BlockHeader, BlockMeta, CorruptBlockError, ForeignBlockError
 from kvtier.testing.tier_conformance import NS_A, check_payload, make_key, make_payload
 from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, BufferPool, aligned_array
+from kvtier.tiers._aligned import PAGE, aligned_array
 from kvtier.tiers._io import uring_available
 from kvtier.tiers._short import Slots, WriteOp, buffer_address, write_blocks
 from kvtier.tiers.disk import DiskTier
@@ -130,7 +130,6 @@ def test_buffer_address():
 def test_a_failed_setup_leaves_the_ring_clean(tmp_path: Path):
     """An exception mid-batch drains the ring and still finishes every queued op."""
     ring = _uring.Ring(2)
-    pool = BufferPool()
     finished: list[tuple[int, int]] = []
     payload = aligned_array(PAGE)
     fds = [os.open(tmp_path / f"f{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(4)]
@@ -142,7 +141,7 @@ def test_a_failed_setup_leaves_the_ring_clean(tmp_path: Path):
 
     try:
         with pytest.raises(RuntimeError, match="boom"):
-            write_blocks(Slots(ring, 2, pool), 4, setup, lambda i, res: finished.append((i, res)))
+            write_blocks(Slots(ring, 2), 4, setup, lambda i, res: finished.append((i, res)))
         assert ring.pending == 0
         assert sorted(i for i, _ in finished) == [0, 1, 2]
     finally:

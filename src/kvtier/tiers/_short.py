@@ -2,11 +2,12 @@
 
 The general path (``_io`` + ``_blockfile``) builds plan objects, takes pool buffers and
 iovec arrays per block; at 256 KiB that Python, not the device, bounded the tier against fio
-(~100 us of CPU per block on the dev VM). Here a batch takes ``2 × depth`` slots once, each two
+(~100 us of CPU per block on the dev VM). Here a batch takes ``3 × depth`` slots once, each two
 scratch pages (a header page and a last partial page) and three iovecs, and every op is a
 vectored read or write of ``[header page][payload pages straight from/into the caller's
-buffer][tail page]``. The ring is refilled as soon as a completion frees room, before the
-finished ops are checked (hash, rename), so the device never waits for that work.
+buffer][tail page]``. Ops are prepared up to ``depth`` ahead of the ring, which is refilled
+as soon as a completion frees room, before the finished ops are checked (hash, rename): the
+device never waits for that work, nor for the setup (hash, open) of the next write.
 
 Reads take blocks whose header the tier already holds (it wrote the block, or read it before)
 and whose payload is stored raw: the completion compares the 128 header bytes with the known
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +32,7 @@ import xxhash
 from kvtier.codec import BlockHeader
 from kvtier.codec.container import _CHECKSUM_OFFSET
 from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, BufferPool, address
+from kvtier.tiers._aligned import PAGE, address, aligned_array
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _U8 = np.dtype(np.uint8)
@@ -71,24 +73,39 @@ def buffer_address(buf, nbytes: int, *, writable: bool) -> int:
 
 
 class Slots:
-    """``2 × depth`` scratch slots and their iovecs for one batch on one ring."""
+    """Scratch slots and their iovecs for one batch on one ring.
 
-    def __init__(self, ring: _uring.Ring, depth: int, pool: BufferPool):
+    An op is *prepared* (its file opened, its iovecs filled: :meth:`prepare`) up to ``depth``
+    ops ahead of the ring, so a slot freed by a completion is refilled at once, and the
+    Python that sets up the next op (hashing, opening) runs while the device is busy.
+    ``3 × depth`` slots: in the ring, prepared, and finished but not yet checked.
+    """
+
+    def __init__(self, ring: _uring.Ring, depth: int):
         self.ring = ring
         self.depth = depth
-        self.pool = pool
-        n = 2 * depth  # completions are checked after the freed ring room is refilled
-        self.scratch = pool.take(n * SLOT)
-        self.scratch[: n * SLOT] = 0
+        n = 3 * depth
+        self.scratch = aligned_array(n * SLOT)  # zeroed
         self.base = self.scratch.ctypes.data
         self.iov = (_uring.Iovec * (3 * n))()
         self.iov_base = ctypes.addressof(self.iov)
         self.free = list(range(n))
+        self.read_into: set[int] = set()  # slots whose header page a read filled
+        self.ready: deque[tuple[int, int, int, int, int]] = deque()  # prepared ops
 
-    def queue(
+    @classmethod
+    def of(cls, ring: _uring.Ring, depth: int) -> Slots:
+        """The slots kept with ``ring`` (made on first use; one batch uses a ring at a time)."""
+        slots = getattr(ring, "short_slots", None)
+        if slots is None or slots.depth != depth:
+            slots = cls(ring, depth)
+            ring.short_slots = slots
+        return slots
+
+    def prepare(
         self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool
-    ) -> int:
-        """Queue [header page][``nbytes`` at ``addr``][tail page if ``tail``]; bytes moved."""
+    ) -> None:
+        """Prepare op ``i``: [header page][``nbytes`` at ``addr``][tail page if ``tail``]."""
         iov, k = self.iov, 3 * slot
         page = self.base + slot * SLOT
         iov[k].base, iov[k].len = page, PAGE
@@ -99,44 +116,50 @@ class Slots:
         if tail:
             iov[k + count].base, iov[k + count].len = page + PAGE, PAGE
             count += 1
-        self.ring.queue(opcode, fd, self.iov_base + k * _IOV, count, 0, i)
-        return PAGE + nbytes + (PAGE if tail else 0)
+        self.ready.append((opcode, fd, self.iov_base + k * _IOV, count, i))
+
+    def _queue_ready(self) -> None:
+        ring, ready, depth = self.ring, self.ready, self.depth
+        while ready and ring.pending < depth:
+            opcode, fd, iov, count, i = ready.popleft()
+            ring.queue(opcode, fd, iov, count, 0, i)
 
     def drive(self, n: int, start: Callable[[int], bool], finish: Callable[[int, int], None]):
-        """``start(i)`` queues op ``i`` (False: nothing queued); ``finish(i, res)`` checks it.
+        """``start(i)`` prepares op ``i`` (False: nothing to do); ``finish(i, res)`` checks it.
 
         Keeps at most ``depth`` ops in flight; on an exception, drains the ring and finishes
-        what was queued with ``-ECANCELED`` (or its result) so nothing is left half done.
+        every prepared op (with its result, or ``-ECANCELED``) so nothing is left half done.
         """
-        ring, depth, free = self.ring, self.depth, self.free
+        ring, depth, free, ready = self.ring, self.depth, self.free, self.ready
         nxt = 0
-        queued: set[int] = set()
+        started: set[int] = set()
         try:
-            while nxt < n or ring.pending:
-                while nxt < n and ring.pending < depth and free:
+            while True:
+                while nxt < n and len(ready) < depth and free:
                     if start(nxt):
-                        queued.add(nxt)
+                        started.add(nxt)
                     nxt += 1
+                self._queue_ready()
                 if not ring.pending:
+                    if nxt >= n and not ready:
+                        break
                     continue
                 done = ring.wait(1)
-                while nxt < n and ring.pending < depth and free:
-                    if start(nxt):  # refill the ring before checking what finished
-                        queued.add(nxt)
-                    nxt += 1
-                ring.submit()
+                if ready:
+                    self._queue_ready()  # refill the ring before checking what finished
+                    ring.submit()
                 for i, res in done:
-                    queued.discard(i)
+                    started.discard(i)
                     finish(i, res)
         finally:
             while ring.pending:
                 for i, res in ring.wait(ring.pending):
-                    if i in queued:
-                        queued.discard(i)
+                    if i in started:
+                        started.discard(i)
                         finish(i, res)
-            for i in list(queued):
+            ready.clear()
+            for i in sorted(started):
                 finish(i, -errno.ECANCELED)
-            self.pool.give(self.scratch)
 
 
 def read_known(
@@ -173,7 +196,8 @@ def read_known(
         slot = slots.free.pop()
         bulk = stored // PAGE * PAGE
         inflight[i] = (slot, fd)
-        slots.queue(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk)
+        slots.read_into.add(slot)
+        slots.prepare(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk)
         return True
 
     def finish(i: int, res: int) -> None:
@@ -242,6 +266,9 @@ def write_blocks(
             return False
         slot = slots.free.pop()
         at = slot * SLOT
+        if slot in slots.read_into:  # a read left a file's header page here: zero its padding
+            slots.read_into.discard(slot)
+            scratch[at + 128 : at + PAGE] = 0
         scratch[at : at + 128] = np.frombuffer(op.head, np.uint8)
         n = op.payload.nbytes
         bulk = n // PAGE * PAGE
@@ -250,7 +277,7 @@ def write_blocks(
             tail[: n - bulk] = np.frombuffer(op.payload, np.uint8, n - bulk, bulk)
             tail[n - bulk :] = 0
         inflight[i] = slot
-        slots.queue(i, slot, _uring.OP_WRITEV, op.fd, op.addr, bulk, n > bulk)
+        slots.prepare(i, slot, _uring.OP_WRITEV, op.fd, op.addr, bulk, n > bulk)
         return True
 
     def finish(i: int, res: int) -> None:

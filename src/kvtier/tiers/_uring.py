@@ -106,6 +106,7 @@ class Ring:
         self.entries = params.sq_entries
         self.pending = 0  # submitted or queued, not yet reaped
         self._to_submit = 0
+        self.short_slots = None  # the disk tier's scratch for batches on this ring (_short)
 
     def _mmap(self, size: int, offset: int) -> mmap.mmap:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -212,6 +213,7 @@ class Ring:
 
     def close(self) -> None:
         """Unmap the rings and close the ring's file descriptor."""
+        self.short_slots = None
         for name in ("_sq32", "_cq32"):
             view = self.__dict__.pop(name, None)
             if view is not None:

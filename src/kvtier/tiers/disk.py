@@ -418,7 +418,7 @@ class DiskTier(Tier):
         ring = io.take_ring()
         try:
             redo = _short.read_known(
-                _short.Slots(ring, io.depth, self._pool),
+                _short.Slots.of(ring, io.depth),
                 [path(keys[i]) for i in short],
                 knowns,
                 [outs[i] for i in short],
@@ -684,9 +684,7 @@ class DiskTier(Tier):
 
         ring = io.take_ring()
         try:
-            _short.write_blocks(
-                _short.Slots(ring, io.depth, self._pool), len(short), setup, publish
-            )
+            _short.write_blocks(_short.Slots.of(ring, io.depth), len(short), setup, publish)
         finally:
             io.give_ring(ring)
         if errors:

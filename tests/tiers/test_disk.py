@@ -364,10 +364,52 @@ def test_blocks_of_another_writer_are_served(tmp_path: Path):
     with DiskTier(NS_A, tmp_path, MiB) as reader, DiskTier(NS_A, tmp_path, MiB) as writer:
         k = make_key(1)
         writer.put(k, make_payload(k, 5, 3000))
-        assert not reader.contains(k)  # not in its index until it rescans
         out = np.zeros(3000, np.uint8)
-        assert reader.get_into(k, out) is not None
+        assert reader.get_into(k, out) is not None  # read from disk, then indexed
         assert check_payload(out, 3000, k) == 5
+        assert reader.usage().blocks == 1 and reader.usage().used_bytes == 2 * PAGE
+
+
+def test_lookups_learn_of_blocks_other_writers_added(tmp_path: Path):
+    with DiskTier(NS_A, tmp_path, MiB) as reader, DiskTier(NS_A, tmp_path, MiB) as writer:
+        keys = [make_key(i) for i in range(6)]
+        reader.put(keys[0], make_payload(keys[0], 0, 3000))
+        for k in keys[1:3] + keys[4:]:  # keys[3] is nowhere
+            writer.put(k, make_payload(k, 1, 3000))
+        assert reader.contains(keys[2])
+        # a prefix lookup: found up to the first key with no file anywhere
+        assert reader.contains_many(keys) == [True, True, True, False, False, False]
+        assert reader.usage().blocks == 3
+        assert reader.contains(keys[5]) and reader.usage().blocks == 4
+        writer.delete(keys[1])
+        assert reader.get_into(keys[1], np.zeros(3000, np.uint8)) is None
+        assert not reader.contains(keys[1])
+
+
+def test_adopted_blocks_count_against_the_capacity(tmp_path: Path):
+    cap = 4 * (PAGE + 4096)
+    with DiskTier(NS_A, tmp_path, cap) as mine, DiskTier(NS_A, tmp_path, 4 * cap) as theirs:
+        keys = [make_key(i) for i in range(8)]
+        for k in keys[:4]:
+            assert mine.put(k, make_payload(k, 0, 4000))
+        for k in keys[4:]:
+            assert theirs.put(k, make_payload(k, 1, 4000))
+        assert mine.contains_many(keys[4:]) == [True] * 4
+        assert mine.usage().used_bytes + mine.recycled_bytes <= cap
+        assert mine.usage().blocks == 4 and set(mine.iter_keys()) == set(keys[4:])
+
+
+def test_dirsync_option(tmp_path: Path):
+    assert not DiskTier(NS_A, tmp_path / "a", MiB).dirsync
+    tier = open_tier(f"file://{tmp_path}/b?size=1MiB&dirsync=1", NS_A)
+    assert tier.dirsync
+    keys = [make_key(i) for i in range(3)]
+    assert all(tier.put_many([(k, make_payload(k, 0, 5000), BlockMeta()) for k in keys]))
+    assert tier.put(make_key(9), make_payload(make_key(9), 0, 100))
+    for k in keys:
+        out = np.zeros(5000, np.uint8)
+        assert tier.get_into(k, out) is not None and check_payload(out, 5000, k) == 0
+    tier.close()
 
 
 def test_vanished_file_is_a_miss(tmp_path: Path):

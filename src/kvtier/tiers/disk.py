@@ -72,6 +72,7 @@ from kvtier.tiers._blockfile import (
     KnownHeader,
     ReadPlan,
     WritePlan,
+    file_size,
     finish_read,
     plan_read,
     plan_write,
@@ -90,7 +91,18 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DSYNC = getattr(os, "O_DSYNC", 0)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
-_OPTIONS = ("size", "eviction", "admit_after", "io", "depth", "direct", "sync", "recycle", "name")
+_OPTIONS = (
+    "size",
+    "eviction",
+    "admit_after",
+    "io",
+    "depth",
+    "direct",
+    "sync",
+    "dirsync",
+    "recycle",
+    "name",
+)
 
 
 @dataclass(slots=True)
@@ -141,6 +153,7 @@ class DiskTier(Tier):
         direct: bool | None = None,
         sync: bool = True,
         recycle: bool = True,
+        dirsync: bool = False,
         name: str | None = None,
     ):
         super().__init__(namespace, name or "disk")
@@ -153,6 +166,7 @@ class DiskTier(Tier):
         self.capacity = capacity
         self.admit_after = admit_after
         self.sync = sync
+        self.dirsync = dirsync
         self.recycle = recycle
         self.notes: list[str] = []
         self._lock = threading.RLock()
@@ -175,7 +189,8 @@ class DiskTier(Tier):
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> DiskTier:
         """``file:///path?size=200GiB[&eviction=lru|arc|cost][&admit_after=N]
-        [&io=threads|uring|auto][&depth=N][&direct=auto|1|0][&sync=1|0][&recycle=1|0]``."""
+        [&io=threads|uring|auto][&depth=N][&direct=auto|1|0][&sync=1|0][&dirsync=0|1]
+        [&recycle=1|0]``."""
         opts = url.options
         if url.netloc not in ("", "localhost"):
             raise ConfigError(f"file:// tier URL names host {url.netloc!r}; use file:///abs/path")
@@ -197,6 +212,7 @@ class DiskTier(Tier):
             direct=_tristate(opts.get("direct", "auto"), "direct"),
             sync=_tristate(opts.get("sync", "1"), "sync") is not False,
             recycle=_tristate(opts.get("recycle", "1"), "recycle") is not False,
+            dirsync=bool(_tristate(opts.get("dirsync", "0"), "dirsync")),
             name=opts.get("name"),
         )
 
@@ -273,11 +289,23 @@ class DiskTier(Tier):
         return f"{self.root}/{h[:2]}/{h}{SUFFIX}"
 
     def contains(self, key: bytes) -> bool:
-        return key in self._index
+        return key in self._index or self._adopt(key)
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Index membership; from the first key the index lacks, also files on disk (blocks
+        other processes wrote since this one scanned), up to the first key with no file: a
+        prefix lookup stops there, so this costs one ``stat`` per call, not one per key."""
         index = self._index
-        return [k in index for k in keys]
+        found = [k in index for k in keys]
+        if False in found:
+            i, n = found.index(False), len(keys)
+            while i < n:
+                if not found[i]:
+                    if not self._adopt(keys[i]):
+                        break
+                    found[i] = True
+                i += 1
+        return found
 
     def get_into(self, key: bytes, out) -> BlockHeader | None:
         read = self._open_read(key, out)
@@ -366,9 +394,20 @@ class DiskTier(Tier):
             self._run(len(todo), prepare, complete)
         finally:
             self._notify_all(evicted)
+        if self.dirsync:
+            self._sync_dirs(key for (key, _, _), ok in zip(items, results, strict=True) if ok)
         if errors:
             raise errors[0]
         return results
+
+    def _sync_dirs(self, keys) -> None:
+        """fsync the folders of renamed block files, once each: the renames survive a crash."""
+        for folder in {os.path.dirname(self.block_path(k)) for k in keys}:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
@@ -487,6 +526,8 @@ class DiskTier(Tier):
         finally:
             os.close(read.fd)
         if touch:
+            if read.entry is None and read.key not in self._index:
+                self._adopt(read.key, file_size(header.stored_len))  # another process wrote it
             with self._lock:
                 entry = self._index.get(read.key)
                 if entry is not None:
@@ -496,6 +537,37 @@ class DiskTier(Tier):
                         entry.fast = _known(known[0], header) if entry.raw else None
                     self._policy.touch(read.key)
         return header
+
+    def _adopt(self, key: bytes, size: int | None = None) -> bool:
+        """Index a block file another process wrote (``size``: its bytes, else from ``stat``);
+        False when there is none. Evicts to stay within the capacity, like a write."""
+        if size is None:
+            try:
+                size = os.stat(self.block_path(key)).st_size
+            except OSError:
+                return False
+            if size < PAGE or size % PAGE:
+                return False  # not a block this tier could have written completely
+        evicted: list[bytes] = []
+        with self._lock:
+            if key not in self._index:
+                if size > self.capacity:
+                    return True  # served when read, never indexed
+                self._index[key] = _Entry(size)
+                self._policy.insert(key, size)
+                self._used += size
+                pinned = self.is_pinned if self._pinned is not None else None
+                while self._used + self._free.bytes > self.capacity:
+                    if self._free.bytes:
+                        self._free.drop_one()
+                        continue
+                    victim = self._policy.victim(pinned)
+                    if victim is None:
+                        break
+                    self._evict_locked(victim)
+                    evicted.append(victim)
+        self._notify_all(evicted)
+        return key in self._index
 
     def _forget(self, key: bytes) -> None:
         """The file is gone (another process deleted it): drop it from the index."""

@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,9 @@ class PrefillFit:
     """``a + b·N + c·N·(P + N/2)`` seconds to prefill N new tokens after P cached ones.
 
     With ``d``/``e`` set (a fit with context terms): ``a + b·N + c·N²/2 + e·N·P + d·P``.
+    The fit describes one forward. ``step`` > 0 describes an engine that prefills in forwards
+    of at most ``step`` tokens cut at multiples of ``step`` (the HF engine's exact mode): the
+    prediction is then the sum over those pieces.
     """
 
     a: float
@@ -102,6 +105,7 @@ class PrefillFit:
     max_rel_error: float = 0.0
     d: float = 0.0
     e: float | None = None
+    step: int = 0
 
     def seconds(self, new: int, cached: int = 0) -> float:
         """Predicted seconds (0 for nothing new)."""
@@ -109,10 +113,24 @@ class PrefillFit:
             raise ConfigError(f"token counts must not be negative, got new={new} cached={cached}")
         if new == 0:
             return 0.0
+        if self.step <= 0:
+            return self._forward(float(new), float(cached))
+        cuts = np.arange((cached // self.step + 1) * self.step, cached + new, self.step)
+        starts = np.concatenate(([cached], cuts)).astype(float)
+        ends = np.concatenate((cuts, [cached + new])).astype(float)
+        return float(np.sum(self._forward(ends - starts, starts)))
+
+    def _forward(self, new, cached):
         pair = self.c if self.e is None else self.e
         return (
             self.a + self.b * new + self.c * new * new / 2 + pair * new * cached + self.d * cached
         )
+
+    def stepped(self, step: int) -> PrefillFit:
+        """This fit for an engine that prefills in aligned forwards of ``step`` tokens (0: one)."""
+        if step < 0:
+            raise ConfigError(f"the prefill step must be >= 0, got {step}")
+        return replace(self, step=int(step))
 
 
 def fit_prefill(

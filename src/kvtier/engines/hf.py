@@ -10,6 +10,15 @@ At least one prompt token is always run through the model (it must produce the l
 last position), so at most ``(len(prompt) - 1) // chunk_tokens`` chunks are reused: a prompt
 that is entirely cached reloads all but its last chunk and recomputes that one.
 
+**Exact mode** (``exact=True``) prefills in forwards cut at chunk boundaries (chunked prefill,
+as vLLM runs it). A chunk's KV is then the same function of its tokens and the chunks before
+it whether it is computed now or was computed by an earlier request and reloaded, so logits and
+tokens with and without kvtier agree bit for bit. The default runs one forward over the new
+tokens (fastest on most hardware): its logits are bit-identical to transformers fed the same
+prefix KV, but a prefix computed inside a longer forward can differ in the last bits from the
+same prefix computed alone (GEMM blocking depends on the row count), so reuse can move bf16
+logits slightly against one full prefill.
+
 An engine serves one request at a time (it reuses its staging buffer); run one per thread.
 """
 
@@ -195,7 +204,8 @@ class HFEngine:
     cache's tiers must have been opened for ``namespace.id``. ``chunk_tokens`` defaults to the
     cache's ``config.chunk_tokens``. ``decide`` picks how many hit chunks to load.
     ``chunk_value(i)`` gives the seconds of prefill chunk ``i`` saves (e.g. from the cost model);
-    stored blocks carry it for cost-aware eviction.
+    it is asked when the request's prefill ends, and stored blocks carry it for cost-aware
+    eviction. ``exact`` selects chunk-aligned prefill (see the module docstring).
     """
 
     def __init__(
@@ -211,6 +221,7 @@ class HFEngine:
         store: bool = True,
         device: str | torch.device | None = None,
         chunk_value: Callable[[int], float] | None = None,
+        exact: bool = False,
     ):
         self.model = model
         self.cache = cache
@@ -230,6 +241,7 @@ class HFEngine:
         self.decide = decide
         self.store_enabled = store
         self.chunk_value = chunk_value
+        self.exact = bool(exact)
         self.device = torch.device(device) if device is not None else model.device
         self.meta = self.layout.meta(self.chunk_tokens)
         self._staging = HostStaging(self.layout, self.chunk_tokens)
@@ -264,6 +276,18 @@ class HFEngine:
             kwargs["logits_to_keep"] = 1
         out = self.model(ids.to(self.device).unsqueeze(0), **kwargs)
         return out.logits[0, -1]
+
+    def _prefill_forward(self, ids: torch.Tensor, cache, cached: int) -> torch.Tensor:
+        """Run the new tokens (``cached`` already in ``cache``); logits of the last one."""
+        if not self.exact:
+            return self._forward(ids, cache)
+        c, pos, n = self.chunk_tokens, 0, ids.numel()
+        while True:
+            end = min(n, ((cached + pos) // c + 1) * c - cached)
+            logits = self._forward(ids[pos:end], cache)
+            pos = end
+            if pos >= n:
+                return logits
 
     # --- requests ----------------------------------------------------------------------
     def keys(self, token_ids) -> list[bytes]:
@@ -307,7 +331,7 @@ class HFEngine:
             t0 = time.perf_counter()
             if kv_cache is None:
                 kv_cache = DynamicCache(config=self.model.config)
-            logits = self._forward(ids[reused:], kv_cache)
+            logits = self._prefill_forward(ids[reused:], kv_cache, reused)
             t1 = time.perf_counter()
         record.reused_tokens = reused
         record.computed_tokens = n - reused
@@ -344,24 +368,26 @@ class HFEngine:
         # The layers' tensors are never changed in place (updates concatenate into new ones),
         # so holding these references is enough to export them later.
         snapshot = [(layer.keys, layer.values) for layer in kv_cache.layers]
+        values = None
+        if self.chunk_value is not None:
+            values = [float(self.chunk_value(i)) for i in range(first, end)]
         with self._lock:
             if self._exporter is None:
                 self._exporter = ThreadPoolExecutor(1, thread_name_prefix="kvtier-export")
-            future = self._exporter.submit(self._export, snapshot, keys[first:end], first, event)
+            future = self._exporter.submit(
+                self._export, snapshot, keys[first:end], first, event, values
+            )
             self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         return future
 
-    def _export(self, snapshot, keys: list[bytes], first: int, event) -> int:
+    def _export(self, snapshot, keys: list[bytes], first: int, event, values) -> int:
         with torch.inference_mode():
             if event is not None:
                 event.synchronize()
             chunks = layers_to_chunks(
                 snapshot, self.layout, self.chunk_tokens, first, first + len(keys)
             )
-            values = None
-            if self.chunk_value is not None:
-                values = [self.chunk_value(first + i) for i in range(len(keys))]
             return self.cache.store(
                 keys, chunk_payloads(chunks), self.meta, copy=False, values=values
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -137,3 +138,20 @@ def test_bad_profiles_are_refused(tmp_path, monkeypatch):
         CalibrationProfile.from_dict(data)
     monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "home"))
     assert default_profile_path() == tmp_path / "home" / "profile.json"
+
+
+def test_stepped_prefill_sums_chunk_aligned_forwards():
+    fit = PrefillFit(0.01, 1e-3, 2e-7, d=1e-6, e=3e-7)
+    assert fit.stepped(0).seconds(300, 40) == fit.seconds(300, 40)
+    step = fit.stepped(64)
+    # 40 cached: forwards over [40, 64), [64, 128), ..., [320, 340)
+    cuts = [40, 64, 128, 192, 256, 320, 340]
+    want = sum(fit.seconds(b - a, a) for a, b in itertools.pairwise(cuts))
+    assert step.seconds(300, 40) == pytest.approx(want, rel=1e-12)
+    assert step.seconds(10, 64) == fit.seconds(10, 64)  # inside one chunk: one forward
+    assert step.seconds(0, 64) == 0.0
+    # each extra forward pays the fixed cost again
+    assert step.seconds(640) > fit.seconds(640)
+    with pytest.raises(ConfigError):
+        fit.stepped(-1)
+    assert PrefillFit(**{**step.__dict__}).step == 64  # a plain field: kept through JSON

@@ -84,3 +84,12 @@ def test_cache_keeps_unique_tails_off_the_slow_tier_only():
         cache.close()
         fast.close()
         slow.close()
+
+
+def test_value_at_reads_the_last_prompt_set():
+    hints = ReuseHints()
+    assert hints.value_at(0) == 0.0
+    hints.set([b"a", b"b"], [ChunkValue("shared", 2.0, 0.5), ChunkValue("rag", 0.0, 0.5)])
+    assert [hints.value_at(i) for i in range(3)] == [1.0, 0.0, 0.0]
+    hints.set([b"c"], [ChunkValue("chat", 1.0, -0.1)])  # a reload slower than the prefill
+    assert hints.value_at(0) == 0.0 and hints.value_at(1) == 0.0

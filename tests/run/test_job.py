@@ -151,3 +151,55 @@ def test_progress_reaches_the_end_and_disk_dir_is_cleaned(report):
 
     disk = Path(report.config["disk_dir"])
     assert not disk.exists() or not any(disk.iterdir())
+
+
+CHAT = WorkloadSpec(
+    system_tokens=96,
+    chat_sessions=1,
+    chat_turns=3,
+    turn_tokens=40,
+    docs=0,
+    rag_requests=0,
+    agent_sessions=0,
+    max_new_tokens=3,
+)
+
+
+@pytest.mark.slow
+def test_exact_run_has_bit_identical_logits_and_valued_blocks(
+    embedded_fp32_tok, tiny_profile, tmp_path
+):
+    from kvtier.engines.hf import model_namespace
+    from kvtier.tiers.registry import open_tier
+
+    disk = tmp_path / "disk"
+    config = RunConfig(
+        dtype="fp32",
+        chunk_tokens=CHUNK,
+        dram_size="64MiB",
+        disk_dir=disk,
+        disk_size="512MiB",
+        workload=CHAT,
+        profile_path=tiny_profile,
+        check_break_even=False,
+        exact=True,
+        keep_disk=True,
+        pauses=False,
+    )
+    got = run_job(config, loaded=embedded_fp32_tok)
+    s = got.summary()
+    assert got.config["exact"] is True and s["tokens_identical"] is True
+    assert s["logits_max_diff"] == 0.0
+    assert any(r.kvtier["loaded_chunks"] for r in got.requests)  # reuse did happen
+
+    loaded = embedded_fp32_tok
+    ns = model_namespace(loaded.model, loaded.model_id, loaded.fingerprint)
+    url = next(u for u, name in config.tier_urls() if name == "disk")
+    tier = open_tier(url, ns.id)
+    try:
+        out = bytearray(loaded.model.config.num_hidden_layers * 2 * 3 * 64 * 4 * CHUNK)
+        values = [tier.get_into(key, out).meta.value for key in tier.iter_keys()]
+    finally:
+        tier.close()
+    # each stored chunk carries the seconds its reuse is expected to save (chat history: > 0)
+    assert values and all(v > 0 for v in values)

@@ -67,6 +67,14 @@ def run_command(
             "(decisions use only what was measured before them)."
         ),
     ] = True,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Prefill in chunk-aligned forwards (both runs): logits with and without kvtier "
+            "then agree bit for bit; one forward over the new tokens is the faster default.",
+        ),
+    ] = False,
     reuse: Annotated[
         bool,
         typer.Option(
@@ -145,6 +153,7 @@ def run_command(
         calibrate=calibrate,
         admission=admission,
         refine=refine,
+        exact=exact,
         reuse_disk=reuse,
         keep_disk=keep,
     )

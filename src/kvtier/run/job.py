@@ -67,6 +67,7 @@ class RunConfig:
     pauses: bool = True
     check_break_even: bool = True
     refine: bool = True
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
@@ -119,6 +120,7 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     import torch
 
     from kvtier.cache import CacheConfig, TieredCache, TierOptions
+    from kvtier.cost.calibration import MeasuredCompute
     from kvtier.engines.embedded import load_model
     from kvtier.engines.hf import HFEngine, model_namespace
     from kvtier.engines.kv_layout import KVLayout
@@ -166,7 +168,12 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     )
     step += 1
     paths = profile.paths()
-    compute = RefinedCompute(profile.prefill, profile.decode) if config.refine else profile.compute
+    if config.exact:  # chunk-aligned forwards: the profile's one-forward fit, summed per piece
+        compute = MeasuredCompute(profile.prefill.stepped(c), profile.decode)
+    elif config.refine:
+        compute = RefinedCompute(profile.prefill, profile.decode)
+    else:
+        compute = profile.compute
     policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
 
     tiers = []
@@ -188,8 +195,16 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
         cache = TieredCache(tiers, CacheConfig(chunk_tokens=c, tiers=tuple(options)))
         decider = LoggedDecision(policy, QueueProbe(cache, paths, chunk_bytes))
         with (
-            HFEngine(model, cache, namespace=ns, chunk_tokens=c, decide=decider) as kv,
-            HFEngine(model, None, namespace=ns, chunk_tokens=c) as base,
+            HFEngine(
+                model,
+                cache,
+                namespace=ns,
+                chunk_tokens=c,
+                decide=decider,
+                chunk_value=hints.value_at,
+                exact=config.exact,
+            ) as kv,
+            HFEngine(model, None, namespace=ns, chunk_tokens=c, exact=config.exact) as base,
         ):
             base.generate([1, 2, 3, 4, 5, 6, 7, 8], 2)  # warm-up: first-call costs stay out
             results, kvtier_s, base_s = _run_requests(

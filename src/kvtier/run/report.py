@@ -339,21 +339,27 @@ def render(report: RunReport, console) -> None:
         f"{_s(ttft['seconds_saved'])}; median {_s(ttft['kvtier_median_s'])} vs "
         f"{_s(ttft['recompute_median_s'])}"
     )
+    exact = bool(report.config.get("exact"))
     same = (
         "yes"
         if s["tokens_identical"]
         else f"{s['requests_same_tokens']}/{s['requests']} requests"
         + (
-            " (bf16: a prefill split at a chunk boundary rounds differently from a one-shot "
-            "prefill)"
-            if m["dtype"] == "bf16"
+            " (a prefill split at a chunk boundary rounds differently from a one-shot "
+            "prefill; --exact makes them identical)"
+            if not exact
             else ""
         )
     )
     console.print(
         f"tokens: {tok['reused']}/{tok['prompt']} prompt tokens reused "
         f"({_pct(tok['reused_share'])}); identical generated tokens: {same}; "
-        f"max |Δ logit| of the prefill {s['logits_max_diff']:.3g}"
+        f"max |Δ logit| of the prefill {s['logits_max_diff']:.3g} "
+        + (
+            "(exact mode: chunk-aligned forwards in both runs)"
+            if exact
+            else "(one forward over the new tokens; --exact for bit-identical logits)"
+        )
     )
     if report.admission:
         parts = []

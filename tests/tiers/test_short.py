@@ -8,12 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.codec import BlockHeader, BlockMeta, CorruptBlockError, ForeignBlockError
+from kvtier.codec import (
+    BlockHeader,
+    BlockMeta,
+    CorruptBlockError,
+    ForeignBlockError,
+    pack_block,
+    parse_header,
+)
 from kvtier.testing.tier_conformance import NS_A, check_payload, make_key, make_payload
 from kvtier.tiers import _uring
 from kvtier.tiers._aligned import PAGE, aligned_array
 from kvtier.tiers._io import uring_available
-from kvtier.tiers._short import Slots, WriteOp, buffer_address, write_blocks
+from kvtier.tiers._short import RawHeaders, Slots, WriteOp, buffer_address, write_blocks
 from kvtier.tiers.disk import DiskTier
 
 pytestmark = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
@@ -148,3 +155,22 @@ def test_a_failed_setup_leaves_the_ring_clean(tmp_path: Path):
         for fd in fds:
             os.close(fd)
         ring.close()
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [BlockMeta(), BlockMeta("u8", (5000,)), BlockMeta("bf16", (2, 3, 4), value=1.5)],
+)
+def test_raw_headers_match_pack_block(meta: BlockMeta):
+    headers = RawHeaders(NS_A)
+    for n in (1, PAGE, 5000):
+        for i in range(3):
+            key = make_key(i)
+            payload = make_payload(key, i, n)
+            want, _ = pack_block(NS_A, key, payload, meta)
+            got, known = headers.pack(key, memoryview(payload), meta)
+            assert got == want
+            assert known.header == parse_header(want, NS_A, key)
+            h = known.seed.copy()
+            h.update(payload)
+            assert h.intdigest() == known.header.checksum

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from kvtier.codec import BlockHeader
-from kvtier.codec.container import _CHECKSUM_OFFSET
+from kvtier.codec import BlockHeader, BlockMeta, pack_block
+from kvtier.codec.container import _CHECKSUM_OFFSET, _FMT
 from kvtier.tiers import _uring
 from kvtier.tiers._aligned import PAGE, address, aligned_array
 
@@ -39,6 +40,10 @@ _U8 = np.dtype(np.uint8)
 _IOV = ctypes.sizeof(_uring.Iovec)
 SLOT = 2 * PAGE  # a header page and a tail page
 _ZERO8 = bytes(8)
+_KEY_AT = _CHECKSUM_OFFSET - 32  # header layout (kvtier.codec.container): ... key, raw and
+_VALUE_AT = _FMT.size - 8  # stored lengths, checksum, shape, value (f64), zero padding
+_F64 = struct.Struct("<d")
+_MAX_TEMPLATES = 64
 
 
 @dataclass(slots=True)
@@ -287,9 +292,59 @@ def write_blocks(
     slots.drive(n, start, finish)
 
 
+class RawHeaders:
+    """Headers of raw blocks of one namespace, as ``pack_block`` writes them, from a template
+    per (dtype, shape, length): per block only the key, the value and the checksum change, so
+    a header costs two byte joins and the payload hash, whose seed (the header with its
+    checksum zeroed) comes along for the reads that follow."""
+
+    def __init__(self, namespace: bytes):
+        self.namespace = namespace
+        self._templates: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+
+    def _template(self, meta: BlockMeta, n: int) -> tuple[bytes, bytes, bytes]:
+        key = (meta.dtype, tuple(meta.shape), n)
+        t = self._templates.get(key)
+        if t is None:
+            plain = BlockMeta(meta.dtype, tuple(meta.shape))
+            head, _ = pack_block(self.namespace, bytes(16), np.zeros(n, np.uint8), plain)
+            head = head[:_CHECKSUM_OFFSET] + _ZERO8 + head[_CHECKSUM_OFFSET + 8 :]
+            t = (head[:_KEY_AT], head[_KEY_AT + 16 : _VALUE_AT], head[_VALUE_AT + 8 :])
+            if len(self._templates) >= _MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[key] = t
+        return t
+
+    def pack(self, key: bytes, payload: memoryview, meta: BlockMeta) -> tuple[bytes, Known]:
+        """The header of a raw block and what a read of it will need (``meta.codec`` raw)."""
+        n = payload.nbytes
+        pre, mid, tail = self._template(meta, n)
+        zeroed = pre + key + mid + _F64.pack(meta.value) + tail
+        h = xxhash.xxh3_64(zeroed)
+        seed = h.copy()
+        h.update(payload)
+        checksum = h.intdigest()
+        head = (
+            zeroed[:_CHECKSUM_OFFSET]
+            + checksum.to_bytes(8, "little")
+            + zeroed[_CHECKSUM_OFFSET + 8 :]
+        )
+        header = BlockHeader(self.namespace, key, meta, n, n, checksum)
+        return head, Known(head, header, seed)
+
+
 def seed_of(head: bytes) -> xxhash.xxh3_64:
     """The xxh3 state of a header with its checksum field zeroed (see ``kvtier.codec``)."""
     return xxhash.xxh3_64(head[:_CHECKSUM_OFFSET] + _ZERO8 + head[_CHECKSUM_OFFSET + 8 : 128])
 
 
-__all__ = ["Known", "Slots", "WriteOp", "buffer_address", "read_known", "seed_of", "write_blocks"]
+__all__ = [
+    "Known",
+    "RawHeaders",
+    "Slots",
+    "WriteOp",
+    "buffer_address",
+    "read_known",
+    "seed_of",
+    "write_blocks",
+]

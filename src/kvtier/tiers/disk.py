@@ -12,10 +12,17 @@ scanning the directory (oldest file first in eviction order); temp files of dead
 files that are not whole pages are removed; headers and checksums are checked on every read.
 A filesystem that refuses O_DIRECT (EINVAL) gets buffered I/O, with a note in ``usage().notes``.
 
+A rename is durable once the folder is: ``dirsync=1`` fsyncs the folders of a batch's renamed
+files once each after the batch (off by default: at 256 KiB, depth 4 it cost about a fifth of
+the write rate on the dev VM, alternating passes); without it a crash may lose the newest
+blocks, never serve a torn one.
+
 Blocks written by another process into the same directory are served on a read (a file that is
-there is read and verified) but enter this process's index, and its capacity accounting, only on
-the next open. Several processes may read and write the same keys: rename is atomic and files
-still open are never reused, so a reader sees the old or the new block, never a mix.
+there is read and verified) and then indexed here; ``contains``/``contains_many`` look on disk
+from the first key the index lacks up to the first key with no file (one ``stat`` per prefix
+lookup), so lookups find them too; adopted blocks count against the capacity like writes.
+Several processes may read and write the same keys: rename is atomic and files still open are
+never reused, so a reader sees the old or the new block, never a mix.
 
 I/O: ``io=uring`` (the default where io_uring can be set up, else ``threads``) submits
 operations to an io_uring ring from the calling thread, preparing the next one (open, buffers)
@@ -26,6 +33,13 @@ one). On the dev VM (virtio disk, ext4, 2 shared cores) thread wake-ups cost ~60
 requests at depth 1, and at 256 KiB, depth 8, uring spent 160-230 us of CPU per block against
 270-390 us for threads (alternating passes), hence the default. Reads of a key parse its
 header once (later reads compare the 128 bytes); the checksum is verified on every read.
+Batches on io_uring take a short path (``_short``): raw writes, and reads of raw blocks whose
+header the tier holds (it wrote or read them), move ``[header page][payload straight from or
+into the caller's buffer][tail page]`` through slots kept with the ring, prepared up to
+``depth`` ops ahead, and check a read by comparing its header bytes and hashing the payload in
+place from a seeded xxh3; anything unusual (short read, other header, bad checksum, odd
+buffer) is redone by the general path, which raises the precise error. At 256 KiB, depth 4-16
+this halved the CPU of a read (~170 to ~80 us per block) and cut a write's by 10-20%.
 
 Against fio (``kvtier bench storage``: fio with the tier's engine, per-block files, O_DIRECT,
 O_DSYNC like the tier, same depth), one run on the same VM (load average 1.3-2.4, repeats of 3,
@@ -79,7 +93,7 @@ from kvtier.tiers._blockfile import (
 )
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
-from kvtier.tiers._short import Known, WriteOp, buffer_address, seed_of
+from kvtier.tiers._short import Known, RawHeaders, WriteOp, buffer_address, seed_of
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
 SUFFIX = ".kvb"
@@ -176,6 +190,7 @@ class DiskTier(Tier):
         self._used = 0  # blocks plus writes in flight
         self._dirs: set[str] = set()
         self._pool = BufferPool(keep=2 * depth + 4)
+        self._headers = RawHeaders(namespace)
         self.root.mkdir(parents=True, exist_ok=True)
         self._free = FreeFiles(str(self.root / FREE_DIR))
         self.direct = self._probe_direct() if direct is None else bool(direct and _O_DIRECT)
@@ -716,19 +731,24 @@ class DiskTier(Tier):
         writes: dict[int, _Write] = {}
         sizes: dict[int, int] = {}
         errors: list[Exception] = []
-        direct = self.direct
+        direct, headers = self.direct, self._headers
 
         def setup(j: int) -> WriteOp | None:
             i = short[j]
             key, payload, meta = items[i]
             try:
-                head, stored = pack_block(self.namespace, key, payload, meta)
+                stored = memoryview(payload).cast("B")
                 addr = buffer_address(stored, 0, writable=False) if direct else address(stored)
                 if not addr:
                     rest.append(i)  # an unaligned payload: the general path copies it
                     return None
                 if not self._admit(key):
                     return None
+                if type(meta.shape) is tuple and type(meta.value) is float:
+                    head, fast = headers.pack(key, stored, meta)
+                else:
+                    head, stored = pack_block(self.namespace, key, stored, meta)
+                    fast = _written(self.namespace, key, head, meta, stored.nbytes)
                 size = PAGE + -(-stored.nbytes // PAGE) * PAGE
                 ok, reuse = self._reserve(size, evicted)
                 if not ok:
@@ -743,7 +763,6 @@ class DiskTier(Tier):
             except Exception as exc:
                 errors.append(exc)
                 return None
-            fast = _written(self.namespace, key, head, meta, stored.nbytes)
             writes[j] = _Write(key, fd, tmp, True, None, meta.value, fast)  # type: ignore[arg-type]
             sizes[j] = size
             return WriteOp(fd, head, stored, addr)

@@ -89,8 +89,10 @@ def test_targets_are_judged_against_the_issue():
 
 
 @pytest.mark.slow
-def test_tiny_sweep(embedded_fp32_tok, tiny_profile, tmp_path):
+@pytest.mark.parametrize("exact", [False, True])
+def test_tiny_sweep(exact, embedded_fp32_tok, tiny_profile, tmp_path):
     config = TTFTBenchConfig(
+        exact=exact,
         dtype="fp32",
         lengths=(16, 32, 64),
         chunk_tokens=32,
@@ -126,6 +128,7 @@ def test_tiny_sweep(embedded_fp32_tok, tiny_profile, tmp_path):
     doc = json.loads(json.dumps(report.to_dict()))
     assert [t["verdict"] in ("PASS", "MISS") for t in doc["targets"]] == [True] * 5
     assert set(doc["break_even"]) == {"dram", "disk"}
+    assert doc["config"]["exact"] is exact
     assert not any((tmp_path / "tiers").glob("*/*/*.kvb"))  # the tiers' blocks are cleaned up
 
 

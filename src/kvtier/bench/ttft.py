@@ -72,6 +72,7 @@ class TTFTBenchConfig:
     profile_path: Path | None = None
     calibrate: bool = False
     seed: int = 0
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1 or self.new_tokens < 1 or self.repeats < 1:
@@ -434,6 +435,7 @@ class TTFTBench:
         import torch
 
         from kvtier.cache import CacheConfig, TieredCache
+        from kvtier.cost.calibration import MeasuredCompute
         from kvtier.engines.embedded import load_model
         from kvtier.engines.hf import HFEngine, load_all, model_namespace
         from kvtier.engines.kv_layout import KVLayout, chunk_payloads, layers_to_chunks
@@ -489,9 +491,15 @@ class TTFTBench:
                 cache = TieredCache([tier], CacheConfig(chunk_tokens=c))
                 caches[name] = cache
                 loaders[name] = HFEngine(
-                    model, cache, namespace=ns, chunk_tokens=c, decide=load_all, store=False
+                    model,
+                    cache,
+                    namespace=ns,
+                    chunk_tokens=c,
+                    decide=load_all,
+                    store=False,
+                    exact=cfg.exact,
                 )
-            plain = HFEngine(model, None, namespace=ns, chunk_tokens=c)
+            plain = HFEngine(model, None, namespace=ns, chunk_tokens=c, exact=cfg.exact)
             plain.generate([1, 2, 3, 4, 5, 6, 7, 8], 2)  # warm-up
             canary_ids = prompt(16)
             guard = QuietGuard(lambda: _argmax_ttft(plain, canary_ids)[0], enabled=cfg.guard)
@@ -564,7 +572,10 @@ class TTFTBench:
                 profile, info = obtain_profile(loaded, urls, c, force=True, plan=plan)
                 info.reason += " (measured twice: contention during the first)"
             paths = profile.paths()
-            policy = LoadOrRecompute(profile.compute, layout.bytes_per_token, paths, c)
+            compute = profile.compute
+            if cfg.exact:  # the engines prefill in chunk-aligned forwards: sum their fits
+                compute = MeasuredCompute(profile.prefill.stepped(c), profile.decode)
+            policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
             self.on_step("profile ready")
 
             # D. the decision per cell (a partial load is measured once chosen)
@@ -783,8 +794,8 @@ class TTFTBench:
             tier.name = name
             tiers.append(tier)
         cache = TieredCache(tiers, CacheConfig(chunk_tokens=cfg.chunk_tokens))
-        kv = HFEngine(model, cache, namespace=ns, chunk_tokens=cfg.chunk_tokens)
-        plain = HFEngine(model, None, namespace=ns, chunk_tokens=cfg.chunk_tokens)
+        kv = HFEngine(model, cache, namespace=ns, chunk_tokens=cfg.chunk_tokens, exact=cfg.exact)
+        plain = HFEngine(model, None, namespace=ns, chunk_tokens=cfg.chunk_tokens, exact=cfg.exact)
         with_kv, without, own_kv, own_plain = [], [], [], []
         try:
             guard = self.guard
@@ -862,7 +873,12 @@ def render(report: TTFTReport, console) -> None:
     console.print(
         f"[bold]kvtier bench ttft[/]: {m['model_id']} {m['dtype']} on {m['device']} "
         f"({m['threads']} threads), chunk {m['chunk_tokens']} tokens; profile {p['source']} "
-        f"({p['reason']}); load average {report.load_average}"
+        f"({p['reason']}); load average {report.load_average}; prefill "
+        + (
+            "in chunk-aligned forwards (--exact)"
+            if report.config.get("exact")
+            else "in one forward over the new tokens"
+        )
     )
     sweep = Table(title="sweep: TTFT recompute vs load, and the decision")
     for col in (

@@ -63,6 +63,14 @@ def ttft(
             "that other work disturbed."
         ),
     ] = True,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Prefill in chunk-aligned forwards, with and without kvtier (bit-identical "
+            "logits); the default runs one forward over the new tokens.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
 ) -> None:
@@ -89,6 +97,7 @@ def ttft(
         profile_path=profile,
         calibrate=calibrate,
         guard=guard,
+        exact=exact,
     )
     err = Console(stderr=True)
     with Progress(

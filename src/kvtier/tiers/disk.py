@@ -571,12 +571,12 @@ class DiskTier(Tier):
                 self._index[key] = _Entry(size)
                 self._policy.insert(key, size)
                 self._used += size
-                pinned = self.is_pinned if self._pinned is not None else None
                 while self._used + self._free.bytes > self.capacity:
                     if self._free.bytes:
                         self._free.drop_one()
                         continue
-                    victim = self._policy.victim(pinned)
+                    # never the block just asked for (a cost policy ranks it last: no value)
+                    victim = self._policy.victim(lambda k: k == key or self.is_pinned(k))
                     if victim is None:
                         break
                     self._evict_locked(victim)

@@ -21,11 +21,13 @@ key, or a damaged header, is never served.
 With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
 host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
 
-Measured on the dev VM (2 shared cores), ``kvtier bench storage`` against ``numpy.copyto``
-between preallocated buffers on as many threads: 1 MiB 0.97/0.94/0.83x at 1/4/16 threads, the
-default 5.6 MiB blocks 1.02/0.98/1.16x, 256 KiB 0.78/0.55/0.63x; the fixed cost of an unlocked
-read is ~1.5 us (one thread, 4 KiB blocks), but with several threads on 2 cores the Python around
-each copy waits for the GIL, which hurts small blocks most.
+Measured on the dev VM (2 shared cores, load average 1.6-4.5 from another user's jobs),
+``kvtier bench storage`` against ``numpy.copyto`` between preallocated buffers on as many
+threads, medians of three runs at 1/4/16 threads: 256 KiB 0.87/0.74/0.81x, 1 MiB
+1.00/1.00/0.93x, the default 5.6 MiB blocks 1.05/1.06/1.12x (256 KiB before single-block
+requests skipped the batch loop: 0.73/0.56/0.66x). The fixed cost of an unlocked read is
+~1.3 us (one thread, 4 KiB blocks); with several threads on 2 cores the Python around each copy
+waits for the GIL, which hurts small blocks most, and single runs at 256 KiB moved by 0.2.
 """
 
 from __future__ import annotations

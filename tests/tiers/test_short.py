@@ -174,3 +174,18 @@ def test_raw_headers_match_pack_block(meta: BlockMeta):
             h = known.seed.copy()
             h.update(payload)
             assert h.intdigest() == known.header.checksum
+
+
+def test_buffered_io_takes_the_same_path(tmp_path: Path):
+    with DiskTier(NS_A, tmp_path, 1 << 20, io="uring", depth=2, direct=False) as tier:
+        keys = [make_key(i) for i in range(5)]
+        sizes = [SIZES[i % len(SIZES)] for i in range(5)]
+        payloads = [np.concatenate([np.zeros(3, np.uint8), make_payload(k, 4, n)])[3:]
+                    for k, n in zip(keys, sizes, strict=True)]  # fmt: skip
+        assert all(
+            tier.put_many([(k, p, BlockMeta()) for k, p in zip(keys, payloads, strict=True)])
+        )
+        outs = [aligned_array(n) for n in sizes]
+        for k, n, out, res in zip(keys, sizes, outs, tier.get_many_into(keys, outs), strict=True):
+            assert isinstance(res, BlockHeader)
+            assert check_payload(out, n, k) == 4

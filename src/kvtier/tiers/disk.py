@@ -43,13 +43,13 @@ this halved the CPU of a read (~170 to ~80 us per block) and cut a write's by 10
 
 Against fio (``kvtier bench storage``: fio with the tier's engine, per-block files, O_DIRECT,
 O_DSYNC like the tier, same depth), medians of three runs on the same VM (each a median of 3
-repeats; load average 1.6-4.5 from another user's jobs; depths 1/4/16): default 5.6 MiB blocks
-write 0.73/0.70/0.69x, read 0.91/1.17/1.06x; 1 MiB write 0.87/0.85/0.88x, read 1.03/0.91/1.11x;
-256 KiB write 0.85/0.62/0.74x, read 0.79/0.82/0.94x (before the short path: 256 KiB write
-1.00/0.60/0.53x, read 0.75/0.49/0.68x). Single runs moved by up to 0.4 either way. A write
-still pays per-block file work fio does not (fio opens its files before the clock): open, a
-lease check, the checksum and a rename, ~150-200 us of CPU per 256 KiB block against ~60-130
-for fio, so with the two cores busy small-block writes trail fio.
+repeats; load average 1.3-3.4 from another user's jobs; depths 1/4/16): default 5.6 MiB blocks
+write 0.84/0.74/0.73x, read 0.95/1.17/1.05x; 1 MiB write 0.57/0.73/0.88x, read 0.91/1.01/1.11x;
+256 KiB write 0.62/0.78/0.94x, read 0.78/0.82/0.94x (before the short path, one run: 256 KiB
+write 1.00/0.60/0.53x, read 0.75/0.49/0.68x). Single runs moved by up to 0.4 either way (fio's
+own rates by 2x). A write still pays per-block file work fio does not (fio opens its files
+before the clock): open, a lease check, the checksum and a rename, ~150-200 us of CPU per
+256 KiB block against ~60-130 for fio, so with the two cores busy small-block writes trail fio.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 For every tier and every depth: a write pass (``put_many``) of fresh blocks, a read pass
 (``get_many_into``) of the same blocks, then the same pattern through the reference: fio in the
-disk tier's directory with one file per block of the tier's block-file size, at the same depth,
-engine, O_DIRECT and O_DSYNC as the tier; or plain copies between preallocated buffers for the
-memory tier. Rates are decimal GB/s of payload.
+disk tier's directory with one file per block of the tier's block-file size (for a slab tier:
+one preallocated file of such blocks), at the same depth, engine, O_DIRECT and O_DSYNC as the
+tier; or plain copies between preallocated buffers for the memory tier. Rates are decimal GB/s
+of payload.
 
 Depth is reached the way the cache would reach it: a tier with its own parallel I/O (the disk
 tier's ``depth=`` backend) is reopened at each depth and fed by one caller in requests of
@@ -21,6 +22,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -170,11 +172,17 @@ class DiskIOProfile:
     direct: bool
     sync: bool
     file_bytes: Callable[[int], int]  # file size of a block with this many payload bytes
+    layout: Literal["file", "per-block"] = (
+        "per-block"  # fio's layout: a file per block (file://), one file (slab://)
+    )
+
+
+FILE_SCHEMES = ("file", "slab")  # tiers on a local filesystem, with fio as their reference
 
 
 def disk_io_profile(tier: Tier) -> DiskIOProfile | None:
     """The I/O profile of a file tier (None for other media)."""
-    if tier.scheme != "file":
+    if tier.scheme not in FILE_SCHEMES:
         return None
     align = int(getattr(tier, "align", PAGE) or PAGE)
     return DiskIOProfile(
@@ -182,8 +190,10 @@ def disk_io_profile(tier: Tier) -> DiskIOProfile | None:
         ioengine=getattr(tier, "ioengine", "psync"),
         direct=bool(getattr(tier, "direct", True)),
         sync=bool(getattr(tier, "sync", False)),
-        # one header page, then the payload padded to whole pages (see kvtier.tiers.disk)
+        # one header page, then the payload padded to whole pages (kvtier.tiers.disk, .slab)
         file_bytes=lambda n: align + -(-n // align) * align,
+        # a slab tier writes slots of one preallocated file: fio writes blocks of one file
+        layout="file" if tier.scheme == "slab" else "per-block",
     )
 
 
@@ -251,7 +261,11 @@ class StorageBench:
         """Measure every tier at every depth, then the lookup."""
         cfg = self.config
         disk_dir = next(
-            (Path(TierURL.parse(u).path) for u in cfg.tiers if TierURL.parse(u).scheme == "file"),
+            (
+                Path(TierURL.parse(u).path)
+                for u in cfg.tiers
+                if TierURL.parse(u).scheme in FILE_SCHEMES
+            ),
             None,
         )
         env = BenchEnvironment.probe(disk_dir, fio_version(self.fio) if self.fio else None)
@@ -271,7 +285,7 @@ class StorageBench:
         """Remove what the bench left in file tiers: its own namespace folder, nothing else."""
         for url in self.config.tiers:
             parsed = TierURL.parse(url)
-            if parsed.scheme == "file" and parsed.path:
+            if parsed.scheme in FILE_SCHEMES and parsed.path:
                 shutil.rmtree(Path(parsed.path) / self.namespace.id.hex(), ignore_errors=True)
 
     # --- one tier ---------------------------------------------------------------------------
@@ -493,8 +507,9 @@ class StorageBench:
     def _fio_layout(
         self, profile: DiskIOProfile, engine: str, depth: int, items: int, report: StorageReport
     ) -> FioJob | None:
-        """Lay out fio's files, untimed: one file per block, the size of the tier's block file,
-        in the tier's folder (the tier's timed writes reuse files too). None if fio fails."""
+        """Lay out fio's files, untimed: one file per block, the size of the tier's block file
+        (or one file of such blocks for a slab tier), in the tier's folder (the tier's timed
+        writes reuse files too). None if fio fails."""
         job = FioJob(
             directory=profile.directory,
             op="write",
@@ -505,7 +520,7 @@ class StorageBench:
             direct=profile.direct,
             filename=f"kvtier-fio-{os.getpid()}",
             sync="dsync" if profile.sync else "none",
-            layout="per-block",
+            layout=profile.layout,
         )
         try:
             run_fio(job, self.fio)

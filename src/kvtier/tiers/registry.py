@@ -11,6 +11,7 @@ from kvtier.tiers.base import Tier, TierURL
 REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
     "memory": ("kvtier.tiers.memory:MemoryTier", None, None),
     "file": ("kvtier.tiers.disk:DiskTier", None, None),
+    "slab": ("kvtier.tiers.slab:SlabTier", None, None),
     "redis": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
     "valkey": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
     "s3": ("kvtier.tiers.s3:S3Tier", "s3", "boto3"),

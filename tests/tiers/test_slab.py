@@ -1,0 +1,347 @@
+"""The slab tier: conformance suite, URL options, recovery, kill -9, damage, two processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta
+from kvtier.errors import ConfigError
+from kvtier.specs import MiB
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    TierConformance,
+    check_payload,
+    make_key,
+    make_payload,
+)
+from kvtier.tiers import open_tier
+from kvtier.tiers._aligned import PAGE, align_up, aligned_array
+from kvtier.tiers._io import uring_available
+from kvtier.tiers.slab import CLEAN, SlabTier
+
+URING = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
+
+
+def _slot(tier: SlabTier, key: bytes) -> tuple[str, int, int]:
+    """(file path, slot offset, bytes the block spans) of an indexed block."""
+    entry = tier._index[key]
+    return entry.file.path, entry.offset, PAGE + align_up(entry.header.stored_len)
+
+
+def _exchange(path_a: str, off_a: int, path_b: str, off_b: int, n: int, both: bool) -> None:
+    with open(path_a, "r+b") as fa, open(path_b, "r+b") as fb:
+        fa.seek(off_a)
+        a = fa.read(n)
+        fb.seek(off_b)
+        b = fb.read(n)
+        fa.seek(off_a)
+        fa.write(b)
+        if both:
+            fb.seek(off_b)
+            fb.write(a)
+
+
+def _flip(path: str, offset: int, bit: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ (1 << bit)]))
+
+
+class SlabConformance(TierConformance):
+    io = "threads"
+
+    def make_tier(self, root, namespace, capacity, eviction="lru"):
+        return SlabTier(namespace, root / "kv", capacity, eviction=eviction, io=self.io, depth=4)
+
+    def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
+        path, offset, n = _slot(tier, key)
+        if how == "payload":
+            stored = tier._index[key].header.stored_len
+            _flip(path, offset + PAGE + random.Random(0).randrange(stored), 3)
+        elif how == "header":
+            _flip(path, offset + 1, 4)  # the magic
+        elif how == "foreign":
+            other_path, other_offset, _ = _slot(other_tier, key)
+            _exchange(path, offset, other_path, other_offset, n, both=False)
+        elif how == "swap":
+            other_path, other_offset, _ = _slot(tier, other_key)
+            _exchange(path, offset, other_path, other_offset, n, both=True)
+        else:  # truncating a slab cuts every later slot too: see test_truncation_*
+            return False
+        return True
+
+
+class TestSlabTierThreads(SlabConformance):
+    io = "threads"
+
+
+@URING
+class TestSlabTierUring(SlabConformance):
+    io = "uring"
+
+
+# --- URLs --------------------------------------------------------------------------------------
+def test_url_options(tmp_path: Path):
+    url = f"slab://{tmp_path}/kv?size=64MiB&slot=260KiB&admit_after=2&io=threads&depth=3&sync=0"
+    tier = open_tier(url, NS_A)
+    try:
+        assert isinstance(tier, SlabTier)
+        assert tier.capacity == 64 * MiB and tier.admit_after == 2 and not tier.sync
+        assert tier.min_slot == 260 * 1024 and tier.io.depth == 3 and tier.ioengine == "psync"
+        assert tier.directory == tmp_path / "kv"
+        key = make_key(1)
+        payload = make_payload(key, 1, 1000)
+        assert tier.put(key, payload) is False  # first sight: not admitted
+        assert tier.put(key, payload) is True
+        assert tier.usage().used_bytes == 260 * 1024  # small blocks take the slot= class
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "slab:///x",
+        "slab://host/x?size=1MiB",
+        "slab:///x?size=1MiB&bogus=1",
+        "slab:///x?size=1MiB&rescan=a",
+    ],
+)
+def test_bad_urls(url: str):
+    with pytest.raises(ConfigError):
+        open_tier(url, NS_A)
+
+
+# --- recovery ----------------------------------------------------------------------------------
+def _items(keys, version: int, sizes) -> list:
+    return [(k, make_payload(k, version, n), BlockMeta()) for k, n in zip(keys, sizes, strict=True)]
+
+
+def test_reopen_recovers_the_index_bit_exact(tmp_path: Path):
+    keys = [make_key(i) for i in range(30)]
+    sizes = [20_000 if i % 3 else 9_000 for i in range(30)]
+    with SlabTier(NS_A, tmp_path, 8 * MiB, depth=4) as tier:
+        assert all(tier.put_many(_items(keys, 1, sizes)))
+        assert all(tier.put_many(_items(keys[:10], 2, sizes[:10])))  # overwrites: new slots
+        for k in keys[25:]:
+            assert tier.delete(k)
+        before = {k: (e.head, e.header) for k, e in tier._index.items()}
+        used = tier.usage().used_bytes
+    with SlabTier(NS_A, tmp_path, 8 * MiB, depth=4) as again:
+        assert {k: (e.head, e.header) for k, e in again._index.items()} == before
+        assert again.usage().used_bytes == used
+        for i, k in enumerate(keys[:25]):
+            out = np.zeros(sizes[i], np.uint8)
+            assert again.get_into(k, out) is not None
+            assert check_payload(out, sizes[i], k) == (2 if i < 10 else 1)
+        assert not any(again.contains(k) for k in keys[25:])
+
+
+WRITER = r"""
+import sys
+from kvtier.codec import BlockMeta
+from kvtier.testing.tier_conformance import NS_A, make_key, make_payload
+from kvtier.tiers.slab import SlabTier
+
+root, keys, seed, io = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+tier = SlabTier(NS_A, root, 2 << 20, io=io, depth=4, rescan=0.01)
+step = 0
+while True:
+    batch = []
+    for j in range(4):
+        i = (step * 4 + j + seed) % keys
+        k = make_key(i)
+        batch.append((k, make_payload(k, seed * 1_000_000 + step, 24_000 + (i % 3) * 5_000),
+                      BlockMeta()))
+    tier.put_many(batch)
+    if step % 7 == 3:
+        tier.delete(make_key((step + seed) % keys))
+    print(step, flush=True)
+    step += 1
+"""
+
+
+def _start_writer(root: Path, keys: int, seed: int, io: str = "auto") -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), str(keys), str(seed), io],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_steps(proc: subprocess.Popen, steps: int) -> None:
+    for _ in range(steps):
+        if not proc.stdout.readline():
+            raise AssertionError(f"writer died early: {proc.stderr.read()}")
+
+
+def _read_all(tier: SlabTier) -> int:
+    out = np.zeros(64_000, np.uint8)
+    count = 0
+    for key in tier.iter_keys():
+        header = tier.get_into(key, out)
+        assert isinstance(header, BlockHeader), f"block {key.hex()} missing after recovery"
+        check_payload(out, header.raw_len, key)
+        count += 1
+    return count
+
+
+def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
+    rng = random.Random(7)
+    recovered = 0
+    for round_ in range(3):
+        proc = _start_writer(tmp_path, 60, round_)
+        try:
+            _wait_steps(proc, rng.randrange(3, 30))
+            time.sleep(rng.random() * 0.02)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        files = list(Path(tmp_path, NS_A.hex()).glob("*.slab"))
+        assert files and not any(Path(str(f) + CLEAN).exists() for f in files)
+        with SlabTier(NS_A, tmp_path, 2 << 20) as tier:  # adopts the dead writer's files
+            recovered = _read_all(tier)
+            assert recovered == tier.usage().blocks
+            assert tier.usage().used_bytes <= tier.capacity
+    assert recovered > 0
+
+
+# --- damage ------------------------------------------------------------------------------------
+def test_random_bit_flips_are_detected(tmp_path: Path):
+    n = 3 * PAGE + 700
+    rng = random.Random(5)
+    with SlabTier(NS_A, tmp_path, 1 * MiB) as tier:
+        keys = [make_key(i) for i in range(3)]
+        for k in keys:
+            assert tier.put(k, make_payload(k, 1, n))
+        key = keys[1]
+        path, offset, span = _slot(tier, key)
+        pristine = Path(path).read_bytes()
+        meaningful = [(offset, offset + HEADER_SIZE), (offset + PAGE, offset + PAGE + n)]
+        detected = 0
+        for _ in range(150):
+            at = offset + rng.randrange(span)
+            bit = rng.randrange(8)
+            _flip(path, at, bit)
+            out = np.zeros(n, np.uint8)
+            try:
+                header = tier.get_into(key, out)
+            except BlockError:
+                detected += 1
+            else:
+                assert header is not None
+                assert not any(a <= at < b for a, b in meaningful), f"flip at {at} served"
+                check_payload(out, n, key)
+            _flip(path, at, bit)  # undo
+        assert detected > 100
+        assert Path(path).read_bytes() == pristine
+        for k in (keys[0], keys[2]):
+            check_payload(_get(tier, k, n), n, k)
+        # flips that stay: after a reopen, a bad header is not indexed, a bad payload is an error
+        _flip(path, offset + 2, 1)
+        _flip(path, _slot(tier, keys[2])[1] + PAGE + 10, 1)
+    with SlabTier(NS_A, tmp_path, 1 * MiB) as again:
+        assert not again.contains(keys[1])
+        with pytest.raises(BlockError):
+            again.get_into(keys[2], np.zeros(n, np.uint8))
+        check_payload(_get(again, keys[0], n), n, keys[0])
+
+
+def _get(tier: SlabTier, key: bytes, n: int) -> np.ndarray:
+    out = np.zeros(n, np.uint8)
+    assert tier.get_into(key, out) is not None
+    return out
+
+
+@pytest.mark.parametrize("cut_seed", [1, 2, 3])
+def test_truncation_of_the_slab_is_detected(tmp_path: Path, cut_seed: int):
+    n = 2 * PAGE + 300
+    keys = [make_key(i) for i in range(8)]
+    with SlabTier(NS_A, tmp_path, 1 * MiB, io="threads") as tier:
+        assert all(tier.put_many(_items(keys, 1, [n] * len(keys))))
+        path = _slot(tier, keys[0])[0]
+        spans = {k: _slot(tier, k)[1:] for k in keys}
+        cut = random.Random(cut_seed).randrange(max(o + s for o, s in spans.values()))
+        os.truncate(path, cut)
+        for k in keys:
+            out = np.zeros(n, np.uint8)
+            whole = spans[k][0] + spans[k][1] <= cut
+            try:
+                header = tier.get_into(k, out)
+            except BlockError:
+                assert not whole
+                continue
+            assert header is not None and whole
+            check_payload(out, n, k)
+    with SlabTier(NS_A, tmp_path, 1 * MiB, io="threads") as again:
+        for k in keys:
+            out = np.zeros(n, np.uint8)
+            try:
+                header = again.get_into(k, out)
+            except BlockError:
+                continue
+            if header is not None:
+                check_payload(out, n, k)
+            else:
+                assert spans[k][0] + HEADER_SIZE > cut or spans[k][0] + spans[k][1] > cut
+
+
+def test_capacity_bound_with_mixed_sizes(tmp_path: Path):
+    cap = 40 * PAGE
+    rng = random.Random(3)
+    with SlabTier(NS_A, tmp_path, cap, io="threads") as tier:
+        for step in range(300):
+            key = make_key(rng.randrange(30))
+            n = rng.choice([100, 5_000, 9_000, 20_000, 30_000])
+            tier.put(key, make_payload(key, step, n))
+            if rng.random() < 0.1:
+                tier.delete(key)
+            assert tier.usage().used_bytes + tier._free_bytes <= cap, step
+        for key in tier.iter_keys():
+            check_payload(_get(tier, key, 30_000), tier._index[key].header.raw_len, key)
+
+
+# --- two processes -----------------------------------------------------------------------------
+def test_two_processes_never_see_a_torn_block(tmp_path: Path):
+    nkeys = 24
+    proc = _start_writer(tmp_path, nkeys, 5, "threads")
+    served = foreign = 0
+    try:
+        _wait_steps(proc, 3)
+        rng = random.Random(11)
+        with SlabTier(NS_A, tmp_path, 2 << 20, depth=4, rescan=0.01) as tier:
+            keys = [make_key(i) for i in range(nkeys)]
+            deadline = time.monotonic() + 2.0
+            step = 0
+            while time.monotonic() < deadline:
+                step += 1
+                if step % 3 == 0:  # this process writes the same keys too
+                    batch = rng.sample(keys, 3)
+                    tier.put_many(_items(batch, 9_000_000 + step, [30_000] * 3))
+                batch = rng.sample(keys, 6)
+                outs = [aligned_array(40_000) for _ in batch]
+                for k, res, out in zip(batch, tier.get_many_into(batch, outs), outs, strict=True):
+                    assert not isinstance(res, BlockError), res
+                    if res is not None:
+                        check_payload(out, res.raw_len, k)
+                        served += 1
+                        foreign += check_payload(out, res.raw_len, k) < 9_000_000
+                if proc.poll() is not None:
+                    raise AssertionError(f"writer died: {proc.stderr.read()}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert served > 0 and foreign > 0

@@ -41,6 +41,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import heapq
 import os
 import secrets
 import threading
@@ -67,9 +68,10 @@ from kvtier.codec.container import _CHECKSUM_OFFSET, RAW_META, _header_bytes
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
+from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
-from kvtier.tiers._aligned import PAGE, BufferPool, align_up
-from kvtier.tiers._io import IOBackend, IOOp, make_backend, run_inline
+from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
+from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._short import buffer_address
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
@@ -110,10 +112,39 @@ class _File:
         self.fd = fd
         self.own = own
         self.slots = os.fstat(fd).st_size // slot_size
-        self.free: list[int] = []  # own slots without a block whose bytes count (pop: reuse)
+        # heaps (lowest slot first, so a burst of writes runs through the file in order):
+        self.free: list[int] = []  # own slots without a block whose bytes count
         self.hollow: list[int] = []  # own slots without a block or counted bytes
         self.sig: tuple[int, int] = (-1, -1)  # (size, mtime) when last scanned (foreign files)
         self.scanned = 0.0
+
+
+_SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
+
+
+class _Slots(_short.Slots):
+    """``_short``'s ring scratch slots, each op at its own file offset (a slot of a slab)."""
+
+    @classmethod
+    def of_ring(cls, ring: _uring.Ring, depth: int) -> _Slots:
+        """The slots kept with ``ring`` (one batch uses a ring at a time)."""
+        slots = ring.short_slots
+        if not isinstance(slots, cls) or slots.depth != depth:
+            slots = ring.short_slots = cls(ring, depth)
+        return slots
+
+    def prepare_at(
+        self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool, at: int
+    ) -> None:
+        """``prepare`` an op at file offset ``at``."""
+        self.prepare(i, slot, opcode, fd, addr, nbytes, tail)
+        self.ready.append((*self.ready.pop(), at))
+
+    def _queue_ready(self) -> None:
+        ring, ready, depth = self.ring, self.ready, self.depth
+        while ready and ring.pending < depth:
+            opcode, fd, iov, count, i, at = ready.popleft()
+            ring.queue(opcode, fd, iov, count, at, i)
 
 
 @dataclass(slots=True, eq=False)
@@ -354,7 +385,8 @@ class SlabTier(Tier):
             self._pool.give(buf)
         if f.own:
             with self._lock:
-                f.hollow.extend(reversed(hollow))
+                f.hollow.extend(hollow)
+                heapq.heapify(f.hollow)
         return out
 
     def _entry_of(self, f: _File, slot: int, head: bytes) -> _Entry | None:
@@ -395,10 +427,15 @@ class SlabTier(Tier):
             return results
         if any(k not in self._index for k in keys):
             self._rescan()
+        if isinstance(self.io, UringIO):
+            todo: Sequence[int] = self._ring_reads(keys, outs, results)
+        else:
+            todo = range(len(keys))
         reads: dict[int, _Read] = {}
         errors: list[Exception] = []
 
-        def prepare(i: int) -> IOOp | None:
+        def prepare(j: int) -> IOOp | None:
+            i = todo[j]
             try:
                 read = self._plan_read(keys[i], outs[i], rescan=False)
             except Exception as exc:
@@ -406,18 +443,20 @@ class SlabTier(Tier):
                 return None
             if read is None:
                 return None
-            reads[i] = read
+            reads[j] = read
             return read.op
 
-        def complete(i: int, res: int) -> None:
+        def complete(j: int, res: int) -> None:
+            i = todo[j]
             try:
-                results[i] = self._finish_read(reads.pop(i), res)
+                results[i] = self._finish_read(reads.pop(j), res)
             except BlockError as exc:
                 results[i] = exc
             except Exception as exc:
                 errors.append(exc)
 
-        self.io.run(len(keys), prepare, complete)
+        if todo:
+            self.io.run(len(todo), prepare, complete)
         if errors:
             raise errors[0]
         return results
@@ -432,8 +471,10 @@ class SlabTier(Tier):
         writes: dict[int, _Write] = {}
         errors: list[Exception] = []
         evicted: list[bytes] = []
+        todo: list[int] = list(range(len(items)))
 
-        def prepare(i: int) -> IOOp | None:
+        def prepare(j: int) -> IOOp | None:
+            i = todo[j]
             try:
                 write = self._plan_write(*items[i], evicted)
             except Exception as exc:
@@ -441,17 +482,20 @@ class SlabTier(Tier):
                 return None
             if write is None:
                 return None
-            writes[i] = write
+            writes[j] = write
             return write.op
 
-        def complete(i: int, res: int) -> None:
+        def complete(j: int, res: int) -> None:
             try:
-                results[i] = self._publish(writes.pop(i), res)
+                results[todo[j]] = self._publish(writes.pop(j), res)
             except Exception as exc:
                 errors.append(exc)
 
         try:
-            self.io.run(len(items), prepare, complete)
+            if isinstance(self.io, UringIO):
+                todo = self._ring_writes(items, results, evicted)
+            if todo:
+                self.io.run(len(todo), prepare, complete)
         finally:
             self._notify_all(evicted)
         if errors:
@@ -472,7 +516,7 @@ class SlabTier(Tier):
         with contextlib.suppress(OSError):
             os.pwritev(entry.file.fd, [self._zero], entry.offset)
         with self._lock:
-            entry.file.free.append(entry.slot)
+            heapq.heappush(entry.file.free, entry.slot)
             self._free_bytes += entry.file.slot_size
         return True
 
@@ -639,27 +683,22 @@ class SlabTier(Tier):
             self._rescan_lock.release()
 
     # --- internals: writes -------------------------------------------------------------------
-    def _next_seq(self) -> int:
-        with self._lock:
-            self._seq = max(self._seq + 1, time.time_ns())
-            return self._seq
-
-    def _plan_write(
+    def _prepare_block(
         self, key: bytes, payload, meta: BlockMeta, evicted: list[bytes]
-    ) -> _Write | None:
-        with self._lock:
-            if not self._admission.admit(key, key in self._index):
-                return None
+    ) -> tuple[_Entry, memoryview] | None:
+        """Admit, encode and place a block: its index entry-to-be (header, slot) and stored
+        bytes; None when not admitted or there is no room."""
         raw = memoryview(payload).cast("B")
         codec = get_codec(meta.codec)
         stored = raw if codec.name == "raw" else memoryview(codec.encode(raw, meta.dtype)).cast("B")
         n = stored.nbytes
-        size = max(self.min_slot, PAGE + align_up(n))
-        place = self._take_slot(size, evicted)
-        if place is None:
-            return None
-        f, slot = place
-        seq = self._next_seq()
+        with self._lock:
+            if not self._admission.admit(key, key in self._index):
+                return None
+            place = self._take_slot(max(self.min_slot, PAGE + align_up(n)), evicted)
+            if place is None:
+                return None
+            self._seq = seq = max(self._seq + 1, time.time_ns())
         zeroed = _header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
         zeroed = zeroed[:SEQ_AT] + seq.to_bytes(8, "little")
         h = xxhash.xxh3_64(zeroed)
@@ -672,6 +711,16 @@ class SlabTier(Tier):
             + zeroed[_CHECKSUM_OFFSET + 8 :]
         )
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
+        return _Entry(place[0], place[1], head, header, seed, seq), stored
+
+    def _plan_write(
+        self, key: bytes, payload, meta: BlockMeta, evicted: list[bytes]
+    ) -> _Write | None:
+        planned = self._prepare_block(key, payload, meta, evicted)
+        if planned is None:
+            return None
+        entry, stored = planned
+        head, n = entry.head, stored.nbytes
         bulk = n // PAGE * PAGE
         direct_ok = not self.direct or buffer_address(stored, 0, writable=False)
         if direct_ok:
@@ -694,8 +743,7 @@ class SlabTier(Tier):
             scratch[PAGE : PAGE + n] = np.frombuffer(stored, np.uint8)
             scratch[PAGE + n : total] = 0
             bufs = [scratch[:total]]
-        entry = _Entry(f, slot, head, header, seed, seq)
-        op = IOOp(f.fd, bufs, slot * f.slot_size, write=True)
+        op = IOOp(entry.file.fd, bufs, entry.offset, write=True)
         return _Write(key, entry, scratch, op, meta.value)
 
     def _take_slot(self, size: int, evicted: list[bytes]) -> tuple[_File, int] | None:
@@ -710,7 +758,7 @@ class SlabTier(Tier):
                     if f.free:
                         self._free_bytes -= size
                         self._used += size
-                        return f, f.free.pop()
+                        return f, heapq.heappop(f.free)
                 if self._used + self._free_bytes + size <= self.capacity:
                     place = self._fresh_slot(size)
                     if place is None:
@@ -735,7 +783,7 @@ class SlabTier(Tier):
             files = self._classes[size] = [_File(path, size, fd, own=True)]
         for f in files:
             if f.hollow:
-                return f, f.hollow.pop()
+                return f, heapq.heappop(f.hollow)
         f = files[0]
         grow = max(1, min(GROW_BYTES, self.capacity) // size)
         try:
@@ -745,7 +793,7 @@ class SlabTier(Tier):
                 grow = 1  # no room to preallocate: the write itself may still fit
         first = f.slots
         f.slots += grow
-        f.hollow.extend(range(first + grow - 1, first, -1))  # pop() hands out in order
+        f.hollow.extend(range(first + 1, first + grow))  # sorted: still a heap
         return f, first
 
     def _punch_locked(self) -> None:
@@ -753,10 +801,10 @@ class SlabTier(Tier):
         for files in self._classes.values():
             for f in files:
                 if f.free:
-                    slot = f.free.pop(0)
+                    slot = heapq.heappop(f.free)
                     size = f.slot_size
                     self._free_bytes -= size
-                    f.hollow.append(slot)
+                    heapq.heappush(f.hollow, slot)
                     ret = _libc.fallocate(
                         f.fd, _PUNCH, ctypes.c_long(slot * size), ctypes.c_long(size)
                     )
@@ -770,24 +818,184 @@ class SlabTier(Tier):
     def _publish(self, write: _Write, res: int) -> bool:
         """Index a written block (``res``: bytes written or ``-errno``); a failed write gives
         its slot back."""
-        entry = write.entry
-        f, size = entry.file, entry.file.slot_size
         self._pool.give(write.scratch)
         expected = sum(memoryview(b).nbytes for b in write.op.bufs)
+        return self._commit(write.key, write.entry, res, expected, write.value)
+
+    def _commit(self, key: bytes, entry: _Entry, res: int, expected: int, value: float) -> bool:
+        f, size = entry.file, entry.file.slot_size
         with self._lock:
             if res != expected:
                 self._used -= size
-                f.free.append(entry.slot)
+                heapq.heappush(f.free, entry.slot)
                 self._free_bytes += size
                 if res >= 0 or -res in _NOSPACE or -res == errno.ECANCELED:
                     return False
-                raise OSError(-res, f"writing block {write.key.hex()}: {os.strerror(-res)}")
-            old = self._index.get(write.key)
+                raise OSError(-res, f"writing block {key.hex()}: {os.strerror(-res)}")
+            old = self._index.get(key)
             if old is not None:
-                self._drop_locked(write.key, old)
-            self._index[write.key] = entry
-            self._policy.insert(write.key, size, write.value)
+                self._drop_locked(key, old)
+            self._index[key] = entry
+            self._policy.insert(key, size, value)
         return True
+
+    # --- internals: the io_uring short path --------------------------------------------------
+    def _ring_writes(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]], results: list, evicted: list
+    ) -> list[int]:
+        """Write raw blocks as ``[header page][payload pages from the caller][tail page]`` from
+        scratch slots kept with the ring; returns the indices left to the general path."""
+        io = self.io
+        assert isinstance(io, UringIO)
+        todo = [i for i, item in enumerate(items) if item[2].codec == "raw"]
+        rest = [i for i, item in enumerate(items) if item[2].codec != "raw"]
+        if not todo:
+            return rest
+        inflight: dict[int, tuple[int, _Entry, float, int]] = {}
+        errors: list[Exception] = []
+        direct = self.direct
+        ring = io.take_ring()
+        slots = _Slots.of_ring(ring, io.depth)
+        scratch = slots.scratch
+
+        def start(j: int) -> bool:
+            i = todo[j]
+            key, payload, meta = items[i]
+            try:
+                stored = memoryview(payload).cast("B")
+                addr = buffer_address(stored, 0, writable=False) if direct else address(stored)
+                if not addr:
+                    rest.append(i)  # an unaligned payload: the general path copies it
+                    return False
+                planned = self._prepare_block(key, stored, meta, evicted)
+            except Exception as exc:
+                errors.append(exc)
+                return False
+            if planned is None:
+                return False
+            entry, stored = planned
+            slot = slots.free.pop()
+            at = slot * _SLOT
+            if slot in slots.read_into:  # a read left a header page here: zero its padding
+                slots.read_into.discard(slot)
+                scratch[at + HEADER_SIZE : at + PAGE] = 0
+            scratch[at : at + HEADER_SIZE] = np.frombuffer(entry.head, np.uint8)
+            n = stored.nbytes
+            bulk = n // PAGE * PAGE
+            if n > bulk:
+                tail = scratch[at + PAGE : at + _SLOT]
+                tail[: n - bulk] = np.frombuffer(stored, np.uint8, n - bulk, bulk)
+                tail[n - bulk :] = 0
+            inflight[j] = (slot, entry, meta.value, PAGE + align_up(n))
+            slots.prepare_at(
+                j, slot, _uring.OP_WRITEV, entry.file.fd, addr, bulk, n > bulk, entry.offset
+            )
+            return True
+
+        def finish(j: int, res: int) -> None:
+            slot, entry, value, expected = inflight.pop(j)
+            slots.free.append(slot)
+            i = todo[j]
+            try:
+                results[i] = self._commit(items[i][0], entry, res, expected, value)
+            except Exception as exc:
+                errors.append(exc)
+
+        try:
+            slots.drive(len(todo), start, finish)
+        finally:
+            io.give_ring(ring)
+        if errors:
+            raise errors[0]
+        rest.sort()
+        return rest
+
+    def _ring_reads(self, keys: Sequence[bytes], outs: Sequence, results: list) -> list[int]:
+        """Read indexed raw blocks into page-aligned caller buffers (header and tail pages
+        into ring scratch), checking header bytes and checksum; returns the indices left to
+        the general path (other buffers, other codecs, failed checks of this writer's blocks:
+        the general path reads them again and raises the precise error)."""
+        io = self.io
+        assert isinstance(io, UringIO)
+        todo: list[tuple[int, _Entry, int]] = []
+        rest: list[int] = []
+        index = self._index
+        for i, key in enumerate(keys):
+            entry = index.get(key)
+            if entry is None:
+                continue  # a miss
+            stored = entry.header.stored_len
+            addr = buffer_address(outs[i], stored, writable=True)
+            if addr and entry.header.meta.codec == "raw":
+                todo.append((i, entry, addr))
+            else:
+                rest.append(i)
+        if not todo:
+            return rest
+        inflight: dict[int, int] = {}
+        served: list[bytes] = []
+        ring = io.take_ring()
+        slots = _Slots.of_ring(ring, io.depth)
+        scratch = slots.scratch
+
+        def start(j: int) -> bool:
+            _, entry, addr = todo[j]
+            stored = entry.header.stored_len
+            bulk = stored // PAGE * PAGE
+            slot = slots.free.pop()
+            inflight[j] = slot
+            slots.read_into.add(slot)
+            slots.prepare_at(
+                j, slot, _uring.OP_READV, entry.file.fd, addr, bulk, stored > bulk, entry.offset
+            )
+            return True
+
+        def finish(j: int, res: int) -> None:
+            slot = inflight.pop(j)
+            i, entry, _ = todo[j]
+            try:
+                header = entry.header
+                stored = header.stored_len
+                bulk = stored // PAGE * PAGE
+                at = slot * _SLOT
+                ok = res == PAGE + align_up(stored)
+                if ok and scratch[at : at + HEADER_SIZE].tobytes() == entry.head:
+                    out = outs[i]
+                    dst = out if type(out) is np.ndarray else np.frombuffer(out, np.uint8)
+                    if dst.ndim != 1:
+                        dst = dst.reshape(-1)
+                    h = entry.seed.copy()
+                    if bulk:
+                        h.update(dst[:bulk])
+                    tail = scratch[at + PAGE : at + PAGE + stored - bulk]
+                    h.update(tail)
+                    if h.intdigest() == header.checksum:
+                        if stored > bulk:
+                            dst[bulk:stored] = tail
+                        results[i] = header
+                        served.append(keys[i])
+                        return
+                with self._lock:
+                    current = self._index.get(keys[i]) is entry
+                    if current and not entry.file.own:
+                        del self._index[keys[i]]  # its writer reused the slot: a miss
+                    elif current:
+                        rest.append(i)
+            finally:
+                slots.free.append(slot)
+
+        try:
+            slots.drive(len(todo), start, finish)
+        finally:
+            io.give_ring(ring)
+        if served:
+            with self._lock:
+                for key in served:
+                    entry = self._index.get(key)
+                    if entry is not None and entry.file.own:
+                        self._policy.touch(key)
+        rest.sort()
+        return rest
 
     # --- internals: leaving blocks -----------------------------------------------------------
     def _drop_locked(self, key: bytes, entry: _Entry) -> None:
@@ -798,7 +1006,7 @@ class SlabTier(Tier):
             self._policy.remove(key)
             size = entry.file.slot_size
             self._used -= size
-            entry.file.free.append(entry.slot)
+            heapq.heappush(entry.file.free, entry.slot)
             self._free_bytes += size
 
     def _evict_locked(self, key: bytes, evicted: list[bytes]) -> None:

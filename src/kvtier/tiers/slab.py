@@ -33,6 +33,30 @@ slots still holding bytes stay within ``size``; to make room a put reuses a free
 class, else takes a new one while there is room, else punches out a free slot of another class
 (``fallocate(PUNCH_HOLE)``), else evicts (``eviction=``). File growth chunks (at most 64 MiB of
 never-written slots per class) are not counted. ``admit_after=N`` admits a key on its N-th put.
+Free slots are handed out lowest first, so a burst of writes runs through a file in order.
+Evicted blocks keep their bytes until the slot is reused and may be indexed again on reopen
+(whole, valid blocks; the newest of a key wins).
+
+Errors: a block of this writer that fails its checks raises a ``BlockError``
+(``CorruptBlockError``, ``ForeignBlockError``, ``SlabIOError``) on every read until it is
+deleted; the cache counts it as a miss and deletes it, which frees the slot.
+
+I/O: ``io=uring`` (the default where io_uring can be set up, else ``threads``). Batches on the
+ring take a short path: ``_short``'s scratch slots (a header and a tail page per op, kept with
+the ring), each op at its slot's offset and handed to the kernel as soon as it is prepared
+while the ring has room; reads of raw blocks into page-aligned buffers compare the 128 header
+bytes with the indexed ones and hash the payload in place from a seeded xxh3. Other codecs,
+unaligned buffers and failed checks take the general path (``_io`` backends, pool buffers),
+which raises the precise error.
+
+Against fio on one preallocated file (``kvtier bench storage``: same block file size, depth,
+io_uring, O_DIRECT, O_DSYNC), median of 3 repeats, dev VM (virtio disk, ext4, 2 cores shared
+with another user's jobs, load average 0.9-1.3), depths 1/4/16: 256 KiB write 0.85/0.74/0.83x,
+read 0.87/0.79/0.99x; 1 MiB write 0.64/0.91/1.03x, read 0.95/0.98/1.39x (fio's own rates moved
+by up to 1.5x between repeats). At depth 4 the bench's requests of 16 blocks drain the queue at
+every request (fio never does); one request of 1024 blocks wrote 256 KiB blocks at fio's rate
+(1.2-1.4 GB/s). The xxh3 of a block that is not in cache costs ~50 us per 256 KiB (~200 us per
+MiB) of CPU that fio does not spend.
 """
 
 from __future__ import annotations
@@ -47,7 +71,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +169,44 @@ class _Slots(_short.Slots):
         while ready and ring.pending < depth:
             opcode, fd, iov, count, i, at = ready.popleft()
             ring.queue(opcode, fd, iov, count, at, i)
+
+    def drive(self, n: int, start: Callable[[int], bool], finish: Callable[[int, int], None]):
+        """``_short.Slots.drive``, except that while the ring has room an op goes to the kernel
+        as soon as it is prepared: a batch's first write does not wait for the hashing of the
+        next ones (each request of a burst starts on an idle device)."""
+        ring, depth, free, ready = self.ring, self.depth, self.free, self.ready
+        nxt = 0
+        started: set[int] = set()
+        try:
+            while True:
+                while nxt < n and len(ready) < depth and free:
+                    if start(nxt):
+                        started.add(nxt)
+                        if ring.pending < depth:
+                            self._queue_ready()
+                            ring.submit()
+                    nxt += 1
+                self._queue_ready()
+                if not ring.pending:
+                    if nxt >= n and not ready:
+                        break
+                    continue
+                done = ring.wait(1)
+                if ready:
+                    self._queue_ready()  # refill the ring before checking what finished
+                    ring.submit()
+                for i, res in done:
+                    started.discard(i)
+                    finish(i, res)
+        finally:
+            while ring.pending:
+                for i, res in ring.wait(ring.pending):
+                    if i in started:
+                        started.discard(i)
+                        finish(i, res)
+            ready.clear()
+            for i in sorted(started):
+                finish(i, -errno.ECANCELED)
 
 
 @dataclass(slots=True, eq=False)

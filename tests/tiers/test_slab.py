@@ -60,9 +60,13 @@ def _flip(path: str, offset: int, bit: int) -> None:
 
 class SlabConformance(TierConformance):
     io = "threads"
+    direct: bool | None = None
 
     def make_tier(self, root, namespace, capacity, eviction="lru"):
-        return SlabTier(namespace, root / "kv", capacity, eviction=eviction, io=self.io, depth=4)
+        return SlabTier(
+            namespace, root / "kv", capacity, eviction=eviction, io=self.io, depth=4,
+            direct=self.direct,
+        )  # fmt: skip
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
         path, offset, n = _slot(tier, key)
@@ -89,6 +93,12 @@ class TestSlabTierThreads(SlabConformance):
 @URING
 class TestSlabTierUring(SlabConformance):
     io = "uring"
+
+
+@URING
+class TestSlabTierUringBuffered(SlabConformance):
+    io = "uring"
+    direct = False
 
 
 # --- URLs --------------------------------------------------------------------------------------

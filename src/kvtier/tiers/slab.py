@@ -25,8 +25,10 @@ creates (named by a writer id drawn at open) and the files of dead writers it ad
 On open the index is rebuilt from the slot headers of every file (invalid slots are free).
 Files other live processes write are read-only here: on a miss (``contains``/``get``) they are
 rescanned (files whose size or mtime changed, or every ``rescan_full`` seconds), at most once
-per ``rescan`` seconds; such blocks are served after the same checks, never evicted or counted
-here, and a failed check on them is a miss (their writer may have reused the slot).
+per ``rescan`` seconds; such blocks are served after the same checks and listed by
+``iter_keys``/``usage().blocks``, but never evicted here nor counted in ``used_bytes`` (they
+are their writer's), and a failed check on them is a miss (their writer may have reused the
+slot); ``delete`` of one only forgets it here until the next rescan.
 
 Capacity: bytes of this writer's slots holding blocks (``usage().used_bytes``) plus freed
 slots still holding bytes stay within ``size``; to make room a put reuses a free slot of its
@@ -572,13 +574,13 @@ class SlabTier(Tier):
             if not entry.file.own:
                 return True  # another writer's block: forgotten here (found again on rescan)
             self._policy.remove(key)
-            self._used -= entry.file.slot_size
         # the slot is nobody's until freed below: no write can land in it meanwhile; if this
         # fails, the block may come back on reopen (its checks still hold)
         with contextlib.suppress(OSError):
             os.pwritev(entry.file.fd, [self._zero], entry.offset)
-        with self._lock:
+        with self._lock:  # counted as held until now: used + free never exceeds the capacity
             heapq.heappush(entry.file.free, entry.slot)
+            self._used -= entry.file.slot_size
             self._free_bytes += entry.file.slot_size
         return True
 

@@ -56,10 +56,11 @@ io_uring, O_DIRECT, O_DSYNC), two runs, each a median of 3 repeats, dev VM (virt
 2 cores shared with another user's jobs, load average 0.9-2.5), depths 1/4/16: 256 KiB write
 0.85/0.74/0.83x and 0.83/0.71/0.83x, read 0.87/0.79/0.99x and 0.70/0.73/1.14x; 1 MiB write
 0.64/0.91/1.03x and 0.65/0.81/0.79x, read 0.95/0.98/1.39x and 0.88/1.02/1.11x (fio's own rates
-moved by up to 1.5x between repeats). At depth 4 the bench's requests of 16 blocks drain the
-queue at every request (fio never does); one request of 1024 blocks wrote 256 KiB blocks at
-fio's rate (1.2-1.4 GB/s). The xxh3 of a block that is not in cache costs ~50 us per 256 KiB
-(~200 us per MiB) of CPU that fio does not spend.
+moved by up to 1.5x between repeats). At depth 4, 256 KiB, one ``put_many`` of 1024 blocks
+wrote at 1.0-1.4 GB/s (fio's rate) and read at 0.9-1.2, requests of 16 or 64 blocks (the bench
+uses 16) at 0.75-1.05 and 0.55-0.75: the queue drains at the end of every request, which fio's
+never does; why 64-block requests gained little was not pinned down. The xxh3 of a block
+that is not in cache costs ~50 us per 256 KiB (~200 us per MiB) of CPU that fio does not spend.
 """
 
 from __future__ import annotations

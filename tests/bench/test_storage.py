@@ -241,3 +241,14 @@ def test_a_disk_tier_in_ram_is_called_out(tmp_path):
         shutil.rmtree(shm, ignore_errors=True)
     assert rep.environment.filesystem == "tmpfs"
     assert any("lives in RAM" in note for note in rep.notes), rep.notes
+
+
+def test_targets_cover_both_disk_layouts_from_256_kib():
+    from kvtier.bench.results import target_for
+
+    for scheme in ("file", "slab"):
+        assert target_for(scheme, "read", 256 * 1024) == 0.9
+        assert target_for(scheme, "write", 1 << 20) == 0.8
+        assert target_for(scheme, "read", 128 * 1024) is None
+    assert target_for("memory", "read", 256 * 1024) == 0.8
+    assert target_for("memory", "write", 256 * 1024) is None

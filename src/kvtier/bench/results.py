@@ -14,7 +14,14 @@ if TYPE_CHECKING:
 
 TARGET_MIN_BLOCK = 256 * KiB
 LOOKUP_TARGET_S = 1e-3
-TARGETS = {("file", "read"): 0.9, ("file", "write"): 0.8, ("memory", "read"): 0.8}
+#: The local-disk targets hold for both disk layouts: ``file://`` and ``slab://``.
+TARGETS = {
+    ("file", "read"): 0.9,
+    ("file", "write"): 0.8,
+    ("slab", "read"): 0.9,
+    ("slab", "write"): 0.8,
+    ("memory", "read"): 0.8,
+}
 
 
 def target_for(scheme: str, op: str, block_bytes: int) -> float | None:

@@ -1,6 +1,6 @@
 """Frequency admission: a block is admitted on its N-th put (one-hit wonders never reach a tier).
 
-The same rule as the disk tier's ``admit_after`` (a bounded, oldest-first forgotten count of
+The rule behind the disk tiers' ``admit_after`` (a bounded, oldest-first forgotten count of
 keys seen but not yet admitted), as a small object a tier owns. Not thread-safe: the owner
 calls it under its lock.
 """

@@ -60,7 +60,6 @@ import secrets
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +81,7 @@ from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
 from kvtier.tiers import _short
+from kvtier.tiers._admission import FrequencyAdmission
 from kvtier.tiers._aligned import PAGE, BufferPool, address
 from kvtier.tiers._blockfile import (
     KnownHeader,
@@ -94,6 +94,7 @@ from kvtier.tiers._blockfile import (
 )
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
+from kvtier.tiers._options import int_opt, tristate
 from kvtier.tiers._short import Known, RawHeaders, WriteOp, buffer_address, seed_of
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
@@ -101,7 +102,6 @@ SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
 FREE_DIR = "free"
 STALE_TMP_SECONDS = 3600.0
-_SEEN_MAX = 1 << 16
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DSYNC = getattr(os, "O_DSYNC", 0)
@@ -187,7 +187,7 @@ class DiskTier(Tier):
         self._lock = threading.RLock()
         self._policy = make_policy(eviction)
         self._index: dict[bytes, _Entry] = {}
-        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._frequency = FrequencyAdmission(admit_after)
         self._used = 0  # blocks plus writes in flight
         self._dirs: set[str] = set()
         self._pool = BufferPool(keep=2 * depth + 4)
@@ -222,13 +222,13 @@ class DiskTier(Tier):
             url.path,
             parse_size(opts["size"]),
             eviction=opts.get("eviction", "lru"),
-            admit_after=_int_opt(opts, "admit_after", 1),
+            admit_after=int_opt(opts, "admit_after", 1),
             io=opts.get("io", "auto"),
-            depth=_int_opt(opts, "depth", 8),
-            direct=_tristate(opts.get("direct", "auto"), "direct"),
-            sync=_tristate(opts.get("sync", "1"), "sync") is not False,
-            recycle=_tristate(opts.get("recycle", "1"), "recycle") is not False,
-            dirsync=bool(_tristate(opts.get("dirsync", "0"), "dirsync")),
+            depth=int_opt(opts, "depth", 8),
+            direct=tristate(opts.get("direct", "auto"), "direct"),
+            sync=tristate(opts.get("sync", "1"), "sync") is not False,
+            recycle=tristate(opts.get("recycle", "1"), "recycle") is not False,
+            dirsync=bool(tristate(opts.get("dirsync", "0"), "dirsync")),
             name=opts.get("name"),
         )
 
@@ -597,15 +597,7 @@ class DiskTier(Tier):
         if self.admit_after <= 1:
             return True
         with self._lock:
-            if key in self._index:
-                return True
-            seen = self._seen.pop(key, 0) + 1
-            if seen >= self.admit_after:
-                return True
-            self._seen[key] = seen
-            if len(self._seen) > _SEEN_MAX:
-                self._seen.popitem(last=False)
-            return False
+            return self._frequency.admit(key, key in self._index)
 
     def _reserve(self, size: int, evicted: list[bytes]) -> tuple[bool, str | None]:
         """Account ``size`` bytes for a write, evicting as needed: (room?, a file to reuse)."""
@@ -872,27 +864,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _int_opt(opts: dict[str, str], name: str, default: int) -> int:
-    text = opts.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"tier option {name}={text!r} is not an integer") from None
-
-
-def _tristate(text: str, name: str) -> bool | None:
-    low = text.strip().lower()
-    if low in ("", "auto"):
-        return None
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"tier option {name}={text!r}: use 1, 0 or auto")
 
 
 __all__ = ["BlockIOError", "DiskTier"]

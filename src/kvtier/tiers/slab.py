@@ -100,7 +100,8 @@ from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
 from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
-from kvtier.tiers._short import buffer_address
+from kvtier.tiers._options import int_opt, tristate
+from kvtier.tiers._short import buffer_address, seed_of
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
 SUFFIX = ".slab"
@@ -335,11 +336,11 @@ class SlabTier(Tier):
             parse_size(opts["size"]),
             slot=parse_size(opts["slot"]) if opts.get("slot") else 0,
             eviction=opts.get("eviction", "lru"),
-            admit_after=_int_opt(opts, "admit_after", 1),
+            admit_after=int_opt(opts, "admit_after", 1),
             io=opts.get("io", "auto"),
-            depth=_int_opt(opts, "depth", 8),
-            direct=_tristate(opts.get("direct", "auto"), "direct"),
-            sync=_tristate(opts.get("sync", "1"), "sync") is not False,
+            depth=int_opt(opts, "depth", 8),
+            direct=tristate(opts.get("direct", "auto"), "direct"),
+            sync=tristate(opts.get("sync", "1"), "sync") is not False,
             rescan=rescan,
             name=opts.get("name"),
         )
@@ -464,7 +465,7 @@ class SlabTier(Tier):
         if PAGE + align_up(header.stored_len) > f.slot_size:
             return None
         seq = int.from_bytes(head[SEQ_AT:HEADER_SIZE], "little")
-        return _Entry(f, slot, head, header, _seed_of(head), seq)
+        return _Entry(f, slot, head, header, seed_of(head), seq)
 
     # --- verbs -------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
@@ -1103,11 +1104,6 @@ class SlabTier(Tier):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-def _seed_of(head: bytes) -> xxhash.xxh3_64:
-    """The xxh3 state of a header with its checksum field zeroed (see ``kvtier.codec``)."""
-    return xxhash.xxh3_64(head[:_CHECKSUM_OFFSET] + bytes(8) + head[_CHECKSUM_OFFSET + 8 :])
-
-
 def _slab_files(root: Path) -> list[tuple[str, int]]:
     """(path, slot size) of the slab files in a namespace folder, by name."""
     out: list[tuple[str, int]] = []
@@ -1134,27 +1130,6 @@ def _try_lock(fd: int) -> bool:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _int_opt(opts: dict[str, str], name: str, default: int) -> int:
-    text = opts.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"tier option {name}={text!r} is not an integer") from None
-
-
-def _tristate(text: str, name: str) -> bool | None:
-    low = text.strip().lower()
-    if low in ("", "auto"):
-        return None
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"tier option {name}={text!r}: use 1, 0 or auto")
 
 
 __all__ = ["SlabIOError", "SlabTier"]

@@ -92,6 +92,9 @@ def test_exact_partial_load_matches_no_kvtier(smol_bf16, engine_for, prompt):
     engine.decide = lambda q: 2
     got = engine.generate(prompt, NEW)
     assert got.record.loaded_chunks == 2
+    forwards = got.record.forwards  # one per chunk from the first one not loaded
+    assert [(n, p) for n, p, _ in forwards] == [(32, 64), (32, 96), (22, 128)]
+    assert all(s > 0 for *_, s in forwards)
     want = _plain(smol_bf16).generate(prompt, NEW)
     assert torch.equal(got.logits, want.logits) and got.tokens == want.tokens
 

@@ -61,3 +61,14 @@ def test_refined_compute_learns_from_observed_prefills():
     assert compute.prefill_seconds(64, 256) == pytest.approx(TRUE.seconds(64, 256), rel=0.1)
     compute.observe(0, 10, 1.0)  # nothing new: ignored
     assert compute.observed == 12
+
+
+def test_refined_compute_predicts_exact_mode_as_the_sum_of_its_forwards():
+    base = PrefillFit(0.0, 0.05, 0.0, samples=tuple(_samples(POINTS)))
+    plain, stepped = RefinedCompute(base), RefinedCompute(base, step=64)
+    assert stepped.prefill_seconds(300, 40) == pytest.approx(
+        plain.fit.stepped(64).seconds(300, 40), rel=1e-12
+    )
+    assert stepped.prefill_seconds(300, 40) > plain.prefill_seconds(300, 40)  # 6 forwards, not 1
+    stepped.observe(64, 128, TRUE.seconds(64, 128))  # one forward of exact mode
+    assert stepped.fit.step == 64 and stepped.observed == 1

@@ -117,7 +117,9 @@ class RequestRecord:
     """What happened to one request: reuse, tiers, bytes and the time of each step (seconds).
 
     ``ttft_s`` runs from the call to the first generated token (keys, lookup, load, prefill and
-    sampling); ``tier`` is the slowest tier any reused chunk came from.
+    sampling); ``tier`` is the slowest tier any reused chunk came from. ``forwards`` lists the
+    prefill's forwards as (new tokens, cached tokens, seconds): one, or one per chunk in exact
+    mode.
     """
 
     prompt_tokens: int
@@ -137,6 +139,7 @@ class RequestRecord:
     decode_s: float = 0.0
     new_tokens: int = 0
     stored_chunks: int = 0
+    forwards: list[tuple[int, int, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-friendly)."""
@@ -277,14 +280,24 @@ class HFEngine:
         out = self.model(ids.to(self.device).unsqueeze(0), **kwargs)
         return out.logits[0, -1]
 
-    def _prefill_forward(self, ids: torch.Tensor, cache, cached: int) -> torch.Tensor:
+    def _prefill_forward(
+        self, ids: torch.Tensor, cache, cached: int, record: RequestRecord
+    ) -> torch.Tensor:
         """Run the new tokens (``cached`` already in ``cache``); logits of the last one."""
+        n = ids.numel()
         if not self.exact:
-            return self._forward(ids, cache)
-        c, pos, n = self.chunk_tokens, 0, ids.numel()
+            start = time.perf_counter()
+            logits = self._forward(ids, cache)
+            record.forwards.append((n, cached, time.perf_counter() - start))
+            return logits
+        c, pos = self.chunk_tokens, 0
         while True:
             end = min(n, ((cached + pos) // c + 1) * c - cached)
+            start = time.perf_counter()
             logits = self._forward(ids[pos:end], cache)
+            if self.device.type == "cuda":  # each forward's own time, for the cost model
+                torch.cuda.synchronize(self.device)
+            record.forwards.append((end - pos, cached + pos, time.perf_counter() - start))
             pos = end
             if pos >= n:
                 return logits
@@ -331,7 +344,7 @@ class HFEngine:
             t0 = time.perf_counter()
             if kv_cache is None:
                 kv_cache = DynamicCache(config=self.model.config)
-            logits = self._prefill_forward(ids[reused:], kv_cache, reused)
+            logits = self._prefill_forward(ids[reused:], kv_cache, reused, record)
             t1 = time.perf_counter()
         record.reused_tokens = reused
         record.computed_tokens = n - reused

@@ -168,12 +168,11 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     )
     step += 1
     paths = profile.paths()
-    if config.exact:  # chunk-aligned forwards: the profile's one-forward fit, summed per piece
-        compute = MeasuredCompute(profile.prefill.stepped(c), profile.decode)
-    elif config.refine:
-        compute = RefinedCompute(profile.prefill, profile.decode)
+    forward_step = c if config.exact else 0  # exact: chunk-aligned forwards, summed
+    if config.refine:
+        compute = RefinedCompute(profile.prefill, profile.decode, step=forward_step)
     else:
-        compute = profile.compute
+        compute = MeasuredCompute(profile.prefill.stepped(forward_step), profile.decode)
     policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
 
     tiers = []
@@ -306,8 +305,8 @@ def _run_requests(config, loaded, kv, base, decider, hints, compute, paths, prog
         entry = decision_entry(got.record, made, compute)
         judge(entry, got.record.ttft_s, ref.record.ttft_s)
         if isinstance(compute, RefinedCompute):  # what the engine measured, for the next ones
-            rec = got.record
-            compute.observe(rec.computed_tokens, rec.reused_tokens, rec.prefill_s)
+            for new, cached, seconds in got.record.forwards:
+                compute.observe(new, cached, seconds)
         results.append(
             RequestResult(
                 index=index,

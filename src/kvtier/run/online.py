@@ -43,17 +43,23 @@ def robust_prefill_fit(
 
 
 class RefinedCompute:
-    """A ComputeModel over the profile's prefill samples and the run's own measured prefills."""
+    """A ComputeModel over the profile's prefill samples and the run's own measured prefills.
 
-    def __init__(self, prefill: PrefillFit, decode: DecodeFit | None = None):
+    Samples are single forwards; ``step`` > 0 predicts an engine that prefills in chunk-aligned
+    forwards of ``step`` tokens (exact mode) as their sum (:meth:`PrefillFit.stepped`).
+    """
+
+    def __init__(self, prefill: PrefillFit, decode: DecodeFit | None = None, step: int = 0):
         self.decode = decode
+        self.step = int(step)
         self._base = list(prefill.samples)
         self._seen: list[tuple[int, int, float]] = []
         self._lock = threading.Lock()
         try:
-            self._fit = robust_prefill_fit(self._base) if len(self._base) >= 3 else prefill
+            fit = robust_prefill_fit(self._base) if len(self._base) >= 3 else prefill
         except CalibrationError:
-            self._fit = prefill
+            fit = prefill
+        self._fit = fit.stepped(self.step)
 
     @property
     def fit(self) -> PrefillFit:
@@ -72,7 +78,7 @@ class RefinedCompute:
         with self._lock:
             self._seen.append((int(new), int(cached), float(seconds)))
             with contextlib.suppress(CalibrationError):  # keep the last good fit
-                self._fit = robust_prefill_fit([*self._base, *self._seen])
+                self._fit = robust_prefill_fit([*self._base, *self._seen]).stepped(self.step)
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:
         """Seconds to prefill ``new`` tokens after ``cached`` ones (current fit)."""

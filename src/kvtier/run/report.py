@@ -241,7 +241,8 @@ def render(report: RunReport, console) -> None:
         + (f"; measured now: {', '.join(prof['measured'])}" if prof["measured"] else "")
         + f"), {prof['seconds']:.1f} s"
         + (
-            f"; prefill curve refined with the {prof['refined']['observed']} prefills kvtier ran"
+            f"; prefill curve refined with the {prof['refined']['observed']} prefill forwards "
+            "kvtier ran"
             if prof.get("refined")
             else ""
         )

@@ -26,6 +26,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 import xxhash
@@ -99,10 +100,10 @@ class Slots:
         self.ready: deque[tuple[int, int, int, int, int]] = deque()  # prepared ops
 
     @classmethod
-    def of(cls, ring: _uring.Ring, depth: int) -> Slots:
+    def of(cls, ring: _uring.Ring, depth: int) -> Self:
         """The slots kept with ``ring`` (made on first use; one batch uses a ring at a time)."""
         slots = getattr(ring, "short_slots", None)
-        if slots is None or slots.depth != depth:
+        if type(slots) is not cls or slots.depth != depth:
             slots = cls(ring, depth)
             ring.short_slots = slots
         return slots
@@ -129,6 +130,10 @@ class Slots:
             opcode, fd, iov, count, i = ready.popleft()
             ring.queue(opcode, fd, iov, count, 0, i)
 
+    #: Hand each op to the kernel as soon as it is prepared while the ring has room (else the
+    #: prepared ops go in together once preparation stops).
+    eager = False
+
     def drive(self, n: int, start: Callable[[int], bool], finish: Callable[[int, int], None]):
         """``start(i)`` prepares op ``i`` (False: nothing to do); ``finish(i, res)`` checks it.
 
@@ -143,6 +148,9 @@ class Slots:
                 while nxt < n and len(ready) < depth and free:
                     if start(nxt):
                         started.add(nxt)
+                        if self.eager and ring.pending < depth:
+                            self._queue_ready()
+                            ring.submit()
                     nxt += 1
                 self._queue_ready()
                 if not ring.pending:

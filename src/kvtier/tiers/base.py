@@ -143,6 +143,10 @@ class Tier(ABC):
         for listener in self._eviction_listeners:
             listener(key)
 
+    def _notify_evicted_many(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._notify_evicted(key)
+
     def add_spill_listener(self, listener: SpillListener) -> None:
         """Call ``listener(key, payload, meta)`` just BEFORE evicting a block (for write-back).
 

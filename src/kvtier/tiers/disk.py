@@ -92,6 +92,8 @@ from kvtier.tiers._blockfile import (
     plan_read,
     plan_write,
 )
+from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
+from kvtier.tiers._direct import o_direct_refusal
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._options import int_opt, tristate
@@ -102,7 +104,6 @@ SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
 FREE_DIR = "free"
 STALE_TMP_SECONDS = 3600.0
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DSYNC = getattr(os, "O_DSYNC", 0)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -194,13 +195,19 @@ class DiskTier(Tier):
         self._headers = RawHeaders(namespace)
         self.root.mkdir(parents=True, exist_ok=True)
         self._free = FreeFiles(str(self.root / FREE_DIR))
-        self.direct = self._probe_direct() if direct is None else bool(direct and _O_DIRECT)
+        if direct is None:
+            refusal = o_direct_refusal(self.root, str(self.directory))
+            if refusal:
+                self._note(refusal)
+            self.direct = refusal is None
+        else:
+            self.direct = bool(direct and _O_DIRECT)
         if direct and not self.direct:
             raise ConfigError("direct=1: this platform has no O_DIRECT; use direct=0")
         self._oflags = _O_DIRECT if self.direct else 0
         self.io: IOBackend = make_backend(io, depth)
         self.ioengine = self.io.ioengine
-        self._notify_all(self._scan())
+        self._notify_evicted_many(self._scan())
 
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> DiskTier:
@@ -233,22 +240,6 @@ class DiskTier(Tier):
         )
 
     # --- setup -------------------------------------------------------------------------------
-    def _probe_direct(self) -> bool:
-        if not _O_DIRECT:
-            self._note("this platform has no O_DIRECT: buffered I/O")
-            return False
-        probe = self.root / f".odirect-probe.{os.getpid()}.{secrets.token_hex(4)}"
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_DIRECT, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self._note(f"{self.directory} does not support O_DIRECT: buffered I/O (page cache)")
-            return False
-        os.close(fd)
-        probe.unlink(missing_ok=True)
-        return True
-
     def _note(self, text: str) -> None:
         self.notes.append(text)
         warnings.warn(f"kvtier disk tier: {text}", RuntimeWarning, stacklevel=3)
@@ -383,7 +374,7 @@ class DiskTier(Tier):
             try:
                 todo = self._short_writes(items, results, evicted)
             except BaseException:
-                self._notify_all(evicted)
+                self._notify_evicted_many(evicted)
                 raise
 
         def prepare(j: int) -> IOOp | None:
@@ -409,7 +400,7 @@ class DiskTier(Tier):
         try:
             self._run(len(todo), prepare, complete)
         finally:
-            self._notify_all(evicted)
+            self._notify_evicted_many(evicted)
         if self.dirsync:
             self._sync_dirs(key for (key, _, _), ok in zip(items, results, strict=True) if ok)
         if errors:
@@ -582,7 +573,7 @@ class DiskTier(Tier):
                         break
                     self._evict_locked(victim)
                     evicted.append(victim)
-        self._notify_all(evicted)
+        self._notify_evicted_many(evicted)
         return key in self._index
 
     def _forget(self, key: bytes) -> None:
@@ -811,10 +802,6 @@ class DiskTier(Tier):
         except (OSError, BlockError, BufferTooSmallError):
             return
         self._notify_spilling(key, out, header.meta)
-
-    def _notify_all(self, keys: Sequence[bytes]) -> None:
-        for key in keys:
-            self._notify_evicted(key)
 
 
 class BlockIOError(BlockError):

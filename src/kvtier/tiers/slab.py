@@ -75,7 +75,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +99,8 @@ from kvtier.specs import parse_size
 from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
 from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
+from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
+from kvtier.tiers._direct import o_direct_refusal
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._options import int_opt, tristate
 from kvtier.tiers._short import buffer_address, seed_of
@@ -108,7 +110,6 @@ SUFFIX = ".slab"
 CLEAN = ".clean"
 SEQ_AT = HEADER_SIZE - 8  # the write sequence number, in the header's reserved padding
 GROW_BYTES = 64 << 20
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DSYNC = getattr(os, "O_DSYNC", 0)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -152,15 +153,14 @@ _SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
 
 
 class _Slots(_short.Slots):
-    """``_short``'s ring scratch slots, each op at its own file offset (a slot of a slab)."""
+    """``_short``'s ring scratch slots, each op at its own file offset (a slot of a slab).
 
-    @classmethod
-    def of_ring(cls, ring: _uring.Ring, depth: int) -> _Slots:
-        """The slots kept with ``ring`` (one batch uses a ring at a time)."""
-        slots = ring.short_slots
-        if not isinstance(slots, cls) or slots.depth != depth:
-            slots = ring.short_slots = cls(ring, depth)
-        return slots
+    Eager: while the ring has room an op goes to the kernel as soon as it is prepared, so a
+    batch's first write does not wait for the hashing of the next ones (each request of a
+    burst starts on an idle device).
+    """
+
+    eager = True
 
     def prepare_at(
         self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool, at: int
@@ -174,44 +174,6 @@ class _Slots(_short.Slots):
         while ready and ring.pending < depth:
             opcode, fd, iov, count, i, at = ready.popleft()
             ring.queue(opcode, fd, iov, count, at, i)
-
-    def drive(self, n: int, start: Callable[[int], bool], finish: Callable[[int, int], None]):
-        """``_short.Slots.drive``, except that while the ring has room an op goes to the kernel
-        as soon as it is prepared: a batch's first write does not wait for the hashing of the
-        next ones (each request of a burst starts on an idle device)."""
-        ring, depth, free, ready = self.ring, self.depth, self.free, self.ready
-        nxt = 0
-        started: set[int] = set()
-        try:
-            while True:
-                while nxt < n and len(ready) < depth and free:
-                    if start(nxt):
-                        started.add(nxt)
-                        if ring.pending < depth:
-                            self._queue_ready()
-                            ring.submit()
-                    nxt += 1
-                self._queue_ready()
-                if not ring.pending:
-                    if nxt >= n and not ready:
-                        break
-                    continue
-                done = ring.wait(1)
-                if ready:
-                    self._queue_ready()  # refill the ring before checking what finished
-                    ring.submit()
-                for i, res in done:
-                    started.discard(i)
-                    finish(i, res)
-        finally:
-            while ring.pending:
-                for i, res in ring.wait(ring.pending):
-                    if i in started:
-                        started.discard(i)
-                        finish(i, res)
-            ready.clear()
-            for i in sorted(started):
-                finish(i, -errno.ECANCELED)
 
 
 @dataclass(slots=True, eq=False)
@@ -301,7 +263,13 @@ class SlabTier(Tier):
         self._last_rescan = 0.0
         self._pool = BufferPool(keep=4 * depth + 4)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.direct = self._probe_direct() if direct is None else bool(direct and _O_DIRECT)
+        if direct is None:
+            refusal = o_direct_refusal(self.root, str(self.directory))
+            if refusal:
+                self._note(refusal)
+            self.direct = refusal is None
+        else:
+            self.direct = bool(direct and _O_DIRECT)
         if direct and not self.direct:
             raise ConfigError("direct=1: this platform has no O_DIRECT; use direct=0")
         self._oflags = _O_CLOEXEC | (_O_DIRECT if self.direct else 0)
@@ -310,7 +278,7 @@ class SlabTier(Tier):
         self.io: IOBackend = make_backend(io, depth)
         self.ioengine = self.io.ioengine
         self._closed = False
-        self._notify_all(self._open_files())
+        self._notify_evicted_many(self._open_files())
 
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> SlabTier:
@@ -346,22 +314,6 @@ class SlabTier(Tier):
         )
 
     # --- setup -------------------------------------------------------------------------------
-    def _probe_direct(self) -> bool:
-        if not _O_DIRECT:
-            self._note("this platform has no O_DIRECT: buffered I/O")
-            return False
-        probe = self.root / f".odirect-probe.{os.getpid()}.{secrets.token_hex(4)}"
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_DIRECT, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self._note(f"{self.directory} does not support O_DIRECT: buffered I/O (page cache)")
-            return False
-        os.close(fd)
-        probe.unlink(missing_ok=True)
-        return True
-
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -564,7 +516,7 @@ class SlabTier(Tier):
             if todo:
                 self.io.run(len(todo), prepare, complete)
         finally:
-            self._notify_all(evicted)
+            self._notify_evicted_many(evicted)
         if errors:
             raise errors[0]
         return results
@@ -922,7 +874,7 @@ class SlabTier(Tier):
         errors: list[Exception] = []
         direct = self.direct
         ring = io.take_ring()
-        slots = _Slots.of_ring(ring, io.depth)
+        slots = _Slots.of(ring, io.depth)
         scratch = slots.scratch
 
         def start(j: int) -> bool:
@@ -1002,7 +954,7 @@ class SlabTier(Tier):
         inflight: dict[int, int] = {}
         served: list[bytes] = []
         ring = io.take_ring()
-        slots = _Slots.of_ring(ring, io.depth)
+        slots = _Slots.of(ring, io.depth)
         scratch = slots.scratch
 
         def start(j: int) -> bool:
@@ -1097,10 +1049,6 @@ class SlabTier(Tier):
         except (OSError, BlockError, BufferTooSmallError):
             return
         self._notify_spilling(key, out, entry.header.meta)
-
-    def _notify_all(self, keys: Sequence[bytes]) -> None:
-        for key in keys:
-            self._notify_evicted(key)
 
 
 # --- helpers -----------------------------------------------------------------------------------

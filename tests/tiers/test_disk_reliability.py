@@ -18,8 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, ForeignBlockError
-from kvtier.testing.tier_conformance import NS_A, check_payload, make_key, make_payload
+from kvtier.codec import HEADER_SIZE, BlockError, ForeignBlockError
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    check_payload,
+    make_key,
+    make_payload,
+    read_all_blocks,
+    wait_lines,
+)
 from kvtier.tiers._aligned import PAGE
 from kvtier.tiers.disk import DiskTier
 
@@ -57,25 +64,6 @@ def _start_writer(root: Path, base: int, keys: int, seed: int) -> subprocess.Pop
     )
 
 
-def _wait_steps(proc: subprocess.Popen, steps: int) -> None:
-    for _ in range(steps):
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"writer died early: {proc.stderr.read()}")
-
-
-def _read_all(tier: DiskTier, max_bytes: int) -> int:
-    """Read every indexed block back; each must be whole and exact. Returns blocks read."""
-    out = np.zeros(max_bytes, np.uint8)
-    count = 0
-    for key in tier.iter_keys():
-        header = tier.get_into(key, out)
-        assert isinstance(header, BlockHeader), f"block {key.hex()} missing after recovery"
-        check_payload(out, header.raw_len, key)
-        count += 1
-    return count
-
-
 def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
     rng = random.Random(99)
     base, keys = 48 * 1024, 40
@@ -83,14 +71,14 @@ def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
     for round_ in range(3):
         proc = _start_writer(tmp_path, base, keys, seed=round_)
         try:
-            _wait_steps(proc, rng.randrange(2, 25))
+            wait_lines(proc, rng.randrange(2, 25))
             time.sleep(rng.random() * 0.02)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         assert proc.returncode == -signal.SIGKILL
         with DiskTier(NS_A, tmp_path, 256 << 20) as tier:
-            recovered = _read_all(tier, base + keys * 97)
+            recovered = read_all_blocks(tier, base + keys * 97)
             assert recovered == tier.usage().blocks
             leftovers = [p for p in Path(tier.root).rglob("*.tmp")]
             assert not leftovers, f"temp files of the dead writer survived: {leftovers}"
@@ -165,7 +153,7 @@ def test_readers_never_see_torn_blocks_while_other_processes_write(tmp_path: Pat
     writers = [_start_writer(tmp_path, base, keys, seed=s) for s in (1, 2)]
     try:
         for w in writers:
-            _wait_steps(w, 1)
+            wait_lines(w, 1)
         good = 0
         with DiskTier(NS_A, tmp_path, 256 << 20, depth=4) as tier:
             outs = [np.zeros(base + keys * 97, np.uint8) for _ in range(keys)]
@@ -192,7 +180,7 @@ def test_readers_never_see_torn_blocks_while_other_processes_write(tmp_path: Pat
             w.send_signal(signal.SIGKILL)
             w.wait()
     with DiskTier(NS_A, tmp_path, 256 << 20) as tier:
-        _read_all(tier, base + keys * 97)
+        read_all_blocks(tier, base + keys * 97)
 
 
 def test_writer_subprocess_uses_this_checkout():

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta
+from kvtier.codec import HEADER_SIZE, BlockError, BlockMeta
 from kvtier.errors import ConfigError
 from kvtier.specs import MiB
 from kvtier.testing.tier_conformance import (
@@ -22,6 +22,8 @@ from kvtier.testing.tier_conformance import (
     check_payload,
     make_key,
     make_payload,
+    read_all_blocks,
+    wait_lines,
 )
 from kvtier.tiers import open_tier
 from kvtier.tiers._aligned import PAGE, align_up, aligned_array
@@ -191,30 +193,13 @@ def _start_writer(root: Path, keys: int, seed: int, io: str = "auto") -> subproc
     )
 
 
-def _wait_steps(proc: subprocess.Popen, steps: int) -> None:
-    for _ in range(steps):
-        if not proc.stdout.readline():
-            raise AssertionError(f"writer died early: {proc.stderr.read()}")
-
-
-def _read_all(tier: SlabTier) -> int:
-    out = np.zeros(64_000, np.uint8)
-    count = 0
-    for key in tier.iter_keys():
-        header = tier.get_into(key, out)
-        assert isinstance(header, BlockHeader), f"block {key.hex()} missing after recovery"
-        check_payload(out, header.raw_len, key)
-        count += 1
-    return count
-
-
 def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
     rng = random.Random(7)
     recovered = 0
     for round_ in range(3):
         proc = _start_writer(tmp_path, 60, round_)
         try:
-            _wait_steps(proc, rng.randrange(3, 30))
+            wait_lines(proc, rng.randrange(3, 30))
             time.sleep(rng.random() * 0.02)
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -223,7 +208,7 @@ def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
         files = list(Path(tmp_path, NS_A.hex()).glob("*.slab"))
         assert files and not any(Path(str(f) + CLEAN).exists() for f in files)
         with SlabTier(NS_A, tmp_path, 2 << 20) as tier:  # adopts the dead writer's files
-            recovered = _read_all(tier)
+            recovered = read_all_blocks(tier, 64_000)
             assert recovered == tier.usage().blocks
             assert tier.usage().used_bytes <= tier.capacity
     assert recovered > 0
@@ -330,7 +315,7 @@ def test_two_processes_never_see_a_torn_block(tmp_path: Path):
     proc = _start_writer(tmp_path, nkeys, 5, "threads")
     served = foreign = 0
     try:
-        _wait_steps(proc, 3)
+        wait_lines(proc, 3)
         rng = random.Random(11)
         with SlabTier(NS_A, tmp_path, 2 << 20, depth=4, rescan=0.01) as tier:
             keys = [make_key(i) for i in range(nkeys)]

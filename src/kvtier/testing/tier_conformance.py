@@ -15,6 +15,7 @@ so a reader can tell a torn or foreign block from a good one without knowing wha
 from __future__ import annotations
 
 import random
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,6 +78,25 @@ def check_payload(buf, nbytes: int, key: bytes | None = None) -> int:
     expected = make_payload(stamp[:16], version, nbytes)
     assert np.array_equal(data, expected), "torn or damaged payload"
     return version
+
+
+def read_all_blocks(tier: Tier, max_bytes: int) -> int:
+    """Read every indexed block back; each must be whole and exact. Returns blocks read."""
+    out = np.zeros(max_bytes, np.uint8)
+    count = 0
+    for key in tier.iter_keys():
+        header = tier.get_into(key, out)
+        assert isinstance(header, BlockHeader), f"block {key.hex()} missing after recovery"
+        check_payload(out, header.raw_len, key)
+        count += 1
+    return count
+
+
+def wait_lines(proc: subprocess.Popen, lines: int) -> None:
+    """Wait for ``lines`` lines from a writer subprocess's stdout (one per step it took)."""
+    for _ in range(lines):
+        if not proc.stdout.readline():
+            raise AssertionError(f"writer died early: {proc.stderr.read()}")
 
 
 class TierConformance:

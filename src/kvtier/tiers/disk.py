@@ -175,8 +175,6 @@ class DiskTier(Tier):
         super().__init__(namespace, name or "disk")
         if capacity <= 0:
             raise ConfigError(f"disk tier capacity must be positive, got {capacity}")
-        if admit_after < 1:
-            raise ConfigError(f"admit_after must be at least 1, got {admit_after}")
         self.directory = Path(directory)
         self.root = self.directory / namespace.hex()
         self.capacity = capacity

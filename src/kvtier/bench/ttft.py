@@ -435,7 +435,6 @@ class TTFTBench:
         import torch
 
         from kvtier.cache import CacheConfig, TieredCache
-        from kvtier.cost.calibration import MeasuredCompute
         from kvtier.engines.embedded import load_model
         from kvtier.engines.hf import HFEngine, load_all, model_namespace
         from kvtier.engines.kv_layout import KVLayout, chunk_payloads, layers_to_chunks
@@ -572,9 +571,7 @@ class TTFTBench:
                 profile, info = obtain_profile(loaded, urls, c, force=True, plan=plan)
                 info.reason += " (measured twice: contention during the first)"
             paths = profile.paths()
-            compute = profile.compute
-            if cfg.exact:  # the engines prefill in chunk-aligned forwards: sum their fits
-                compute = MeasuredCompute(profile.prefill.stepped(c), profile.decode)
+            compute = profile.stepped_compute(c if cfg.exact else 0)
             policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
             self.on_step("profile ready")
 

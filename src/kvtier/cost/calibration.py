@@ -273,8 +273,13 @@ class CalibrationProfile:
     # --- what the cost model uses ----------------------------------------------------------
     @property
     def compute(self) -> MeasuredCompute:
-        """The measured ComputeModel."""
-        return MeasuredCompute(self.prefill, self.decode)
+        """The measured ComputeModel (one forward per prefill)."""
+        return self.stepped_compute(0)
+
+    def stepped_compute(self, step: int) -> MeasuredCompute:
+        """The measured ComputeModel of an engine whose prefill runs in chunk-aligned forwards
+        of ``step`` tokens (exact mode; 0: one forward)."""
+        return MeasuredCompute(self.prefill.stepped(step), self.decode)
 
     def path(self, tier: str) -> TransferPath:
         """The TransferPath of a measured tier: its load fit, then the device copy, in series."""

@@ -120,7 +120,6 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     import torch
 
     from kvtier.cache import CacheConfig, TieredCache, TierOptions
-    from kvtier.cost.calibration import MeasuredCompute
     from kvtier.engines.embedded import load_model
     from kvtier.engines.hf import HFEngine, model_namespace
     from kvtier.engines.kv_layout import KVLayout
@@ -172,7 +171,7 @@ def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunR
     if config.refine:
         compute = RefinedCompute(profile.prefill, profile.decode, step=forward_step)
     else:
-        compute = MeasuredCompute(profile.prefill.stepped(forward_step), profile.decode)
+        compute = profile.stepped_compute(forward_step)
     policy = LoadOrRecompute(compute, layout.bytes_per_token, paths, c)
 
     tiers = []

@@ -184,6 +184,14 @@ def test_repeats_report_the_median_pass(tmp_path):
         assert len(m.reference.samples_gbps) == 3
 
 
+def test_requests_of_several_blocks_reach_the_copy_reference(tmp_path):
+    cfg = tiny_config(tmp_path, tiers=("memory://?size=16MiB",), batch=4, lookup=False)
+    rep = StorageBench(cfg).run()
+    for m in rep.measurements:
+        assert m.request_blocks == 4 and m.result.bytes == BLOCKS * BLOCK
+        assert m.reference is not None and m.reference.result.bytes == BLOCKS * BLOCK
+
+
 @pytest.mark.skipif(not HAS_FIO, reason="fio is not installed")
 def test_disk_repeats_alternate_with_fio_and_clean_up(tmp_path):
     cfg = tiny_config(tmp_path, tiers=(f"file://{tmp_path}?size=16MiB",), repeats=2)

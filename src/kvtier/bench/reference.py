@@ -68,9 +68,15 @@ class CopyReference:
         self.pool = aligned_full(items * stride, 1).reshape(items, stride)[:, :item_bytes]
         self.buffers = WorkerBuffers(item_bytes, batch)
 
+    def _buffers_for(self, plan: PassPlan) -> list[list[np.ndarray]]:
+        """``plan.batch`` buffers for each of the plan's threads."""
+        if self.buffers.batch < plan.batch:
+            self.buffers = WorkerBuffers(self.buffers.item_bytes, plan.batch, self.buffers.fill)
+        return self.buffers.ensure(plan.threads)
+
     def read(self, plan: PassPlan) -> PassResult:
         """Copy pool blocks into the threads' buffers."""
-        pool, buffers = self.pool, self.buffers.ensure(plan.threads)
+        pool, buffers = self.pool, self._buffers_for(plan)
 
         def work(worker: int, indices: Sequence[int]) -> None:
             outs = buffers[worker]
@@ -81,7 +87,7 @@ class CopyReference:
 
     def write(self, plan: PassPlan) -> PassResult:
         """Copy the threads' buffers into pool blocks."""
-        pool, buffers = self.pool, self.buffers.ensure(plan.threads)
+        pool, buffers = self.pool, self._buffers_for(plan)
 
         def work(worker: int, indices: Sequence[int]) -> None:
             src = buffers[worker]

@@ -134,6 +134,24 @@ def test_eviction_waits_for_readers_of_the_victim():
     assert tier.usage().used_bytes == tier.slot_size
 
 
+@pytest.mark.parametrize("how", ["strided", "two-dim", "float16", "longer"])
+def test_buffers_of_every_shape_get_the_exact_payload(how):
+    tier = MemoryTier(NS_A, 4 * MiB, pin=False)
+    key = make_key(1)
+    payload = make_payload(key, 1, 8192)
+    assert tier.put(key, payload)
+    out = {
+        "strided": np.zeros(2 * 8192, np.uint8)[::2],
+        "two-dim": np.zeros((2, 4096), np.uint8),
+        "float16": np.zeros(4096, np.float16),
+        "longer": np.zeros(8192 + 100, np.uint8),
+    }[how]
+    [header] = tier.get_many_into([key], [out])
+    assert header is not None and header.raw_len == 8192
+    got = out.view(np.uint8).reshape(-1) if out.flags.c_contiguous else out
+    assert got[:8192].tobytes() == np.asarray(payload, np.uint8).tobytes()
+
+
 def test_header_check_catches_a_changed_key_field():
     tier = MemoryTier(NS_A, MiB, pin=False)
     key = make_key(1)

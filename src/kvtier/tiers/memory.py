@@ -8,15 +8,15 @@ larger spans several slots (header and payload back to back). Slots are reused: 
 allocated per block on the hot path.
 
 A read copies straight from the slot into the caller's buffer, without the tier lock for the
-common case (a raw block in one slot, a flat uint8 buffer of its size): it looks the block up
-(an atomic dict lookup), copies (numpy releases the GIL), then checks that the block's slots
-were not freed meanwhile (``freed`` is set under the lock before a slot can be reused) and that
-the stored header still equals the one written; otherwise, and for every other case, it reads
-again under the lock, pinning the block so that its slots outlive the copy. Reads made without
-the lock reach the eviction policy through a queue applied, in order, before the policy is next
-consulted. Process memory is trusted, so the payload checksum is not recomputed on a read
-(``verifies_checksum=False``), but the header comparison means a block of another namespace or
-key, or a damaged header, is never served.
+common case (a raw block in one slot, a one-dimensional uint8 buffer of its length, any
+stride): it looks the block up (an atomic dict lookup), copies (numpy releases the GIL), then
+checks that the block's slots were not freed meanwhile (``freed`` is set under the lock before
+a slot can be reused) and that the stored header still equals the one written; otherwise, and
+for every other case, it reads again under the lock, pinning the block so that its slots
+outlive the copy. Reads made without the lock reach the eviction policy through a queue
+applied, in order, before the policy is next consulted. Process memory is trusted, so the
+payload checksum is not recomputed on a read (``verifies_checksum=False``), but the header
+comparison means a block of another namespace or key, or a damaged header, is never served.
 
 With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
 host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
@@ -60,7 +60,6 @@ from kvtier.tiers._slab import SlabArena, pinned_available
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 
 _U8 = np.dtype(np.uint8)
-_UNIT = (1,)
 _TOUCH_MAX = 64  # recency updates queued by unlocked reads before a reader applies them
 # (small: applying them holds the GIL, and a long burst stalls the other readers' copies)
 
@@ -74,7 +73,8 @@ class _Block:
     parts: list[np.ndarray]  # the stored payload, in order, as views of the slots
     simple: bool  # raw payload in one slot: a read is a single copy
     whole: np.ndarray | None  # parts[0] when simple: what an unlocked read copies
-    flat: int  # raw length when simple (a flat uint8 buffer this long takes one copy), else -1
+    shape: tuple[int, ...] | None  # (raw length,) when simple: a uint8 buffer of that shape
+    # takes one copy (numpy handles its strides); None otherwise
     pins: int = 0  # readers copying out of the slots right now (locked path)
     dead: bool = False  # dropped while pinned: the last reader frees the slots
     freed: bool = False  # the slots went back to the arena (may hold another block now)
@@ -147,9 +147,8 @@ class MemoryTier(Tier):
         if (
             block is not None
             and type(out) is np.ndarray
-            and out.nbytes == block.flat
-            and out.strides == _UNIT
-            and (out.dtype is _U8 or out.dtype == _U8)
+            and out.dtype is _U8
+            and out.shape == block.shape
         ):
             np.copyto(out, block.whole)  # releases the GIL
             # valid only if the slots were not freed (and maybe refilled) meanwhile and the
@@ -162,30 +161,6 @@ class MemoryTier(Tier):
                         self._drain_locked()
                 return block.header
         return self._get_locked(key, out)
-
-    def _get_one(self, key: bytes, out) -> list[BlockHeader | BlockError | None]:
-        """``get_many_into`` of one block: ``get_into`` inlined (with several threads on few
-        cores, the Python around each copy is what they queue for)."""
-        block = self._index.get(key)
-        if (
-            block is not None
-            and type(out) is np.ndarray
-            and out.nbytes == block.flat
-            and out.strides == _UNIT
-            and (out.dtype is _U8 or out.dtype == _U8)
-        ):
-            np.copyto(out, block.whole)
-            if not block.freed and block.head.tobytes() == block.header_bytes:
-                touched = self._touched
-                touched.append(key)
-                if len(touched) > _TOUCH_MAX:
-                    with self._lock:
-                        self._drain_locked()
-                return [block.header]
-        try:
-            return [self._get_locked(key, out)]
-        except BlockError as exc:
-            return [exc]
 
     def _drain_locked(self) -> None:
         """Show the policy the reads done without the lock, in order."""
@@ -214,8 +189,29 @@ class MemoryTier(Tier):
     def get_many_into(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) == 1 and len(outs) == 1:  # the common single-block request: no loop
-            return self._get_one(keys[0], outs[0])
+        if len(keys) == 1 and len(outs) == 1:
+            # the common single-block request: ``get_into`` inlined, no loop (with several
+            # threads on few cores, the Python around each copy is what they queue for)
+            key, out = keys[0], outs[0]
+            block = self._index.get(key)
+            if (
+                block is not None
+                and type(out) is np.ndarray
+                and out.dtype is _U8
+                and out.shape == block.shape
+            ):
+                np.copyto(out, block.whole)
+                if not block.freed and block.head.tobytes() == block.header_bytes:
+                    touched = self._touched
+                    touched.append(key)
+                    if len(touched) > _TOUCH_MAX:
+                        with self._lock:
+                            self._drain_locked()
+                    return [block.header]
+            try:
+                return [self._get_locked(key, out)]
+            except BlockError as exc:
+                return [exc]
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         if all(type(o) is np.ndarray for o in outs):
@@ -398,8 +394,8 @@ class MemoryTier(Tier):
         parsed = parse_header(header)
         simple = len(parts) == 1 and parsed.meta.codec == "raw"
         if simple:
-            return _Block(slots, parsed, header, head, parts, True, parts[0], parsed.raw_len)
-        return _Block(slots, parsed, header, head, parts, False, None, -1)
+            return _Block(slots, parsed, header, head, parts, True, parts[0], (parsed.raw_len,))
+        return _Block(slots, parsed, header, head, parts, False, None, None)
 
     def _copy_out(self, key: bytes, block: _Block, out) -> BlockHeader:
         """Copy a pinned block's payload into ``out`` (the hot path: keep it short)."""

@@ -203,6 +203,34 @@ def test_disk_repeats_alternate_with_fio_and_clean_up(tmp_path):
     assert list(tmp_path.iterdir()) == []  # fio's files and the tier's folder are gone
 
 
+@pytest.mark.skipif(not HAS_FIO, reason="fio is not installed")
+@pytest.mark.parametrize("scheme", ["file", "slab"])
+def test_disk_passes_take_turns_with_fio_slice_by_slice(tmp_path, scheme):
+    cfg = tiny_config(tmp_path, tiers=(f"{scheme}://{tmp_path}?size=16MiB",), repeats=1)
+    cfg = StorageBenchConfig(
+        **{**cfg.__dict__, "lookup": False, "depths": (1,), "batch": 1, "slices": 4}
+    )
+    rep = StorageBench(cfg).run()
+    for m in rep.measurements:
+        assert m.slices == 4 and m.as_dict()["slices"] == 4
+        assert m.result.bytes == BLOCKS * BLOCK and m.result.requests == BLOCKS
+        assert m.reference is not None and m.reference.kind == "fio"
+        assert m.reference.result.bytes == BLOCKS * (4096 + BLOCK)  # the four slices' sum
+        assert m.reference.result.requests == BLOCKS
+        assert "one of 4 slices" in m.reference.detail
+    assert list(tmp_path.iterdir()) == []  # every slice's fio files are gone
+
+
+def test_slices_cover_the_pass_in_whole_rounds():
+    bench = StorageBench(StorageBenchConfig(tiers=("memory://?size=16MiB",), slices=8))
+    assert bench._slices(100, 10) == [(0, 12), (12, 25), (25, 38), (38, 50), (50, 62),
+                                      (62, 75), (75, 88), (88, 100)]  # fmt: skip
+    assert bench._slices(30, 10) == [(0, 10), (10, 20), (20, 30)]  # at least a round each
+    assert bench._slices(5, 10) == [(0, 5)]
+    with pytest.raises(ConfigError, match="slices"):
+        StorageBenchConfig(tiers=("memory://?size=16MiB",), slices=0)
+
+
 def test_too_small_tier_and_bad_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="size="):
         StorageBench(tiny_config(tmp_path, tiers=("memory://?size=1MiB",))).run()

@@ -57,7 +57,8 @@ class Measurement:
     ``drive`` says how the depth was reached: ``threads`` (that many caller threads) or
     ``native`` (one caller, the tier's own I/O depth); a request holds ``request_blocks`` blocks.
     ``result`` is the pass of median bandwidth among the repeats, whose rates are in
-    ``samples_gbps``.
+    ``samples_gbps``; each repeat ran in ``slices`` consecutive slices, each next to the
+    reference's run of the same slice.
     """
 
     tier: str
@@ -72,6 +73,7 @@ class Measurement:
     result: PassResult
     reference: Reference | None = None
     samples_gbps: tuple[float, ...] = ()
+    slices: int = 1
 
     @property
     def target(self) -> float | None:
@@ -109,6 +111,7 @@ class Measurement:
             "block_bytes": self.block_bytes,
             **self.result.as_dict(),
             "samples_gbps": list(self.samples_gbps) or [self.result.gbps],
+            "slices": self.slices,
             "tokens_per_s": self.tokens_per_s,
             "reference": self.reference.as_dict() if self.reference else None,
             "ratio": self.ratio,

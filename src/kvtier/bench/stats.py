@@ -71,3 +71,36 @@ def median_pass(passes: Sequence[PassResult]) -> PassResult:
         raise ValueError("median_pass needs at least one pass")
     ranked = sorted(passes, key=lambda p: p.bandwidth)
     return ranked[(len(ranked) - 1) // 2]
+
+
+def combine_passes(passes: Sequence[PassResult]) -> PassResult:
+    """One pass made of consecutive slices: bytes, seconds and requests add up.
+
+    Latency percentiles of the whole are the request-weighted means of the slices' percentiles
+    (fio gives no raw samples to pool); count, mean and max are exact.
+    """
+    if not passes:
+        raise ValueError("combine_passes needs at least one pass")
+    if len(passes) == 1:
+        return passes[0]
+    count = sum(p.latency.count for p in passes)
+
+    def weighted(field: str) -> float:
+        if count == 0:
+            return 0.0
+        return sum(getattr(p.latency, field) * p.latency.count for p in passes) / count
+
+    latency = LatencyStats(
+        count,
+        weighted("mean"),
+        weighted("p50"),
+        weighted("p95"),
+        weighted("p99"),
+        max(p.latency.max for p in passes),
+    )
+    return PassResult(
+        bytes=sum(p.bytes for p in passes),
+        seconds=sum(p.seconds for p in passes),
+        requests=sum(p.requests for p in passes),
+        latency=latency,
+    )

@@ -12,10 +12,16 @@ tier's ``depth=`` backend) is reopened at each depth and fed by one caller in re
 several blocks (``native``); other tiers get that many caller threads (``threads``). Both sides
 start warm: one untimed write pass per tier (and per fio file set) first, so timed writes reuse
 allocated memory and files, as a long-running cache does.
+
+A shared disk's speed drifts by tens of percent within seconds, so a disk pass is cut into up
+to ``slices`` slices (each a full round of requests at the depth or more) and kvtier and fio
+take turns slice by slice, who goes first alternating: both sides then see the same device
+state. A pass's figures are the sums of its slices'. Memory passes are not cut.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -38,7 +44,7 @@ from kvtier.bench.results import (
     Reference,
     StorageReport,
 )
-from kvtier.bench.stats import PassResult, median_pass
+from kvtier.bench.stats import PassResult, combine_passes, median_pass
 from kvtier.codec import BlockHeader, BlockMeta
 from kvtier.codec.container import DTYPES, HEADER_SIZE
 from kvtier.errors import ConfigError, KvtierError
@@ -71,7 +77,8 @@ class StorageBenchConfig:
 
     ``block_size`` defaults to the model's KV bytes per token × ``chunk_tokens``; ``data_size`` is
     the bytes written (and read back) per tier and depth; each depth is measured ``repeats``
-    times (kvtier and reference alternating) and the median pass reported. ``batch`` is the
+    times (kvtier and reference alternating, disk passes slice by slice in up to ``slices``
+    slices) and the median pass reported. ``batch`` is the
     blocks per request (None: 1 per thread for threaded drives, the tier's queue filled up to
     4 times per call for native ones). ``drive`` is ``auto`` (native where the tier has its
     own parallelism), ``threads`` or ``native``.
@@ -87,6 +94,7 @@ class StorageBenchConfig:
     drive: str = "auto"
     min_read_seconds: float = 0.3
     repeats: int = 1
+    slices: int = 8
     fio: bool = True
     lookup: bool = True
     lookup_chunks: int = 512
@@ -107,6 +115,8 @@ class StorageBenchConfig:
             raise ConfigError(f"drive must be auto, threads or native, got {self.drive!r}")
         if self.repeats < 1:
             raise ConfigError(f"repeats must be at least 1, got {self.repeats}")
+        if self.slices < 1:
+            raise ConfigError(f"slices must be at least 1, got {self.slices}")
         if self.lookup_chunks <= 0 or self.lookup_repeats <= 0:
             raise ConfigError("lookup chunks and repeats must be positive")
 
@@ -155,6 +165,7 @@ class StorageBenchConfig:
             "drive": self.drive,
             "min_read_seconds": self.min_read_seconds,
             "repeats": self.repeats,
+            "slices": self.slices,
             "fio": self.fio,
             "lookup_chunks": self.lookup_chunks if self.lookup else 0,
         }
@@ -324,57 +335,62 @@ class StorageBench:
         return rows
 
     def _measure_depth(self, run: _TierRun, depth: int, report: StorageReport) -> list[Measurement]:
-        """``repeats`` rounds of kvtier write, read, then the reference; the median of each."""
+        """``repeats`` rounds of kvtier and the reference, interleaved slice by slice; the
+        median round of each."""
         cfg = self.config
         block, items, tier = cfg.block_bytes, cfg.blocks, run.tier
         if run.native:
             request = min(items, cfg.batch or native_request_blocks(depth, block))
-            plan = PassPlan(items, block, 1, request)
+            unit, threads = request, 1
         else:
             request = min(items, cfg.batch or 1)
-            plan = PassPlan(items, block, depth, request)
-        read_plan = PassPlan(items, block, plan.depth, plan.batch, cfg.min_read_seconds)
-        runs: dict[str, list[PassResult]] = {"write": [], "read": []}
-        ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
-        fio_job = None
+            unit, threads = request * depth, depth
+        slices = self._slices(items, unit if run.copy_ref is None else items)
+        fio_jobs: list[FioJob] = []
         if run.copy_ref is None and run.profile is not None and self.fio is not None:
             engine = run.profile.ioengine if run.native else "psync"
-            fio_job = self._fio_layout(run.profile, engine, depth, items, report)
-
-        def kvtier_pass(label: str, keys: list[bytes]) -> None:
-            runs["write"].append(self._write(tier, keys, plan, run.pool))
-            self.on_step(f"{label}: kvtier write")
-            if run.profile and not run.profile.direct:
-                drop_caches()
-            runs["read"].append(self._read(tier, keys, read_plan, run.pool))
-            self.on_step(f"{label}: kvtier read")
-            tier.delete_many(keys)
-
-        def reference_pass(label: str) -> None:
-            refs: dict[str, Reference] = {}
-            if run.copy_ref is not None:
-                refs = self._copy_reference(run.copy_ref, plan, read_plan)
-            elif fio_job is not None:
-                last = runs["read"][-1].bytes if runs["read"] else items * block
-                rounds = max(1, round(last / (items * block)))  # read as much as kvtier did
-                refs = self._fio_passes(fio_job, rounds, report)
-            for op, ref in refs.items():
-                ref_runs[op].append(ref)
-            self.on_step(f"{label}: reference")
-
+            fio_jobs = self._fio_layout(run.profile, engine, depth, slices, report)
+        # one slice reads for at least min_read_seconds; slices read their share once
+        min_read = cfg.min_read_seconds if len(slices) == 1 else 0.0
+        runs: dict[str, list[PassResult]] = {"write": [], "read": []}
+        ref_runs: dict[str, list[Reference]] = {"write": [], "read": []}
         try:
             for r in range(cfg.repeats):
                 label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
                 keys = self._keys(run.url, depth * 1000 + r + 1, items)
-                if r % 2 == 0:  # alternate the order: whatever the other side leaves behind
-                    kvtier_pass(label, keys)  # (dirty caches, a busy device) hits both
-                    reference_pass(label)
-                else:
-                    reference_pass(label)
-                    kvtier_pass(label, keys)
+                ours: dict[str, list[PassResult]] = {"write": [], "read": []}
+                theirs: dict[str, list[Reference]] = {"write": [], "read": []}
+                for op in ("write", "read"):
+                    for k, (a, b) in enumerate(slices):
+                        plan = PassPlan(b - a, block, threads, request, 0.0)
+                        if op == "read":
+                            plan = replace(plan, min_seconds=min_read)
+
+                        # alternate who goes first: what one side leaves behind (dirty caches,
+                        # a busy device) then hits both, and both see the same device state
+                        order = ("kvtier", "reference")
+                        for side in order if (r + k) % 2 == 0 else order[::-1]:
+                            if side == "kvtier":
+                                ours[op].append(self._tier_pass(run, op, keys[a:b], plan))
+                                continue
+                            ref = self._reference_pass(run, op, plan, fio_jobs, k, ours, report)
+                            if ref is not None:
+                                theirs[op].append(ref)
+                    self.on_step(f"{label}: {op}s")
+                tier.delete_many(keys)
+                for op in ("write", "read"):
+                    runs[op].append(combine_passes(ours[op]))
+                    if theirs[op] and len(theirs[op]) == len(slices):
+                        ref0 = theirs[op][0]
+                        detail = ref0.detail + (
+                            f" (one of {len(slices)} slices)" if len(slices) > 1 else ""
+                        )
+                        combined = combine_passes([x.result for x in theirs[op]])
+                        ref_runs[op].append(Reference(ref0.kind, combined, detail))
+                self.on_step(f"{label}: done")
         finally:
-            if fio_job is not None:
-                fio_job.remove_files()
+            for job in fio_jobs:
+                job.remove_files()
         return [
             Measurement(
                 tier=tier.name,
@@ -389,9 +405,55 @@ class StorageBench:
                 result=median_pass(runs[op]),
                 reference=_median_reference(ref_runs[op]),
                 samples_gbps=tuple(x.gbps for x in runs[op]),
+                slices=len(slices),
             )
             for op in ("write", "read")
         ]
+
+    def _slices(self, items: int, unit: int) -> list[tuple[int, int]]:
+        """``[start, end)`` ranges cutting a pass into up to ``config.slices`` parts of at
+        least ``unit`` items (one full round of requests at the depth)."""
+        count = max(1, min(self.config.slices, items // max(1, unit)))
+        bounds = [round(k * items / count) for k in range(count + 1)]
+        return list(itertools.pairwise(bounds))
+
+    def _tier_pass(self, run: _TierRun, op: str, keys: Sequence[bytes], plan: PassPlan):
+        """One timed kvtier pass (``op``) over ``keys``."""
+        if op == "write":
+            return self._write(run.tier, keys, plan, run.pool)
+        if run.profile and not run.profile.direct:
+            drop_caches()
+        return self._read(run.tier, keys, plan, run.pool)
+
+    def _reference_pass(
+        self,
+        run: _TierRun,
+        op: str,
+        plan: PassPlan,
+        fio_jobs: Sequence[FioJob],
+        k: int,
+        ours: dict[str, list[PassResult]],
+        report: StorageReport,
+    ) -> Reference | None:
+        """The reference for one slice: a plain copy (memory) or fio on slice ``k``'s files."""
+        if run.copy_ref is not None:
+            detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
+            do = run.copy_ref.write if op == "write" else run.copy_ref.read
+            return Reference("copy", do(plan), detail)
+        if not fio_jobs:
+            return None
+        loops = 1
+        if op == "read" and ours["read"] and len(ours["read"]) > k:
+            # read as much as kvtier did (a read pass may loop to last min_read_seconds)
+            loops = max(1, round(ours["read"][k].bytes / (plan.items * plan.item_bytes)))
+        if op == "read" and not fio_jobs[k].direct:
+            drop_caches()
+        try:
+            res = run_fio(replace(fio_jobs[k], op=op, loops=loops), self.fio)
+        except FioError as exc:
+            report.notes.append(f"fio reference failed at depth {fio_jobs[k].depth}: {exc}")
+            return None
+        return Reference("fio", res.result, " ".join(res.command[1:]))
 
     def _payload_pool(self, items: int) -> list[np.ndarray]:
         """A few random payloads; block ``i`` is written from ``pool[i % len(pool)]``."""
@@ -495,58 +557,41 @@ class StorageBench:
             )
         return result
 
-    def _copy_reference(
-        self, ref: CopyReference, plan: PassPlan, read_plan: PassPlan
-    ) -> dict[str, Reference]:
-        detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
-        return {
-            "write": Reference("copy", ref.write(plan), detail),
-            "read": Reference("copy", ref.read(read_plan), detail),
-        }
-
     def _fio_layout(
-        self, profile: DiskIOProfile, engine: str, depth: int, items: int, report: StorageReport
-    ) -> FioJob | None:
-        """Lay out fio's files, untimed: one file per block, the size of the tier's block file
-        (or one file of such blocks for a slab tier), in the tier's folder (the tier's timed
-        writes reuse files too). None if fio fails."""
-        job = FioJob(
-            directory=profile.directory,
-            op="write",
-            block_size=profile.file_bytes(self.config.block_bytes),
-            blocks=items,
-            depth=depth,
-            ioengine=engine,
-            direct=profile.direct,
-            filename=f"kvtier-fio-{os.getpid()}",
-            sync="dsync" if profile.sync else "none",
-            layout=profile.layout,
-        )
+        self,
+        profile: DiskIOProfile,
+        engine: str,
+        depth: int,
+        slices: Sequence[tuple[int, int]],
+        report: StorageReport,
+    ) -> list[FioJob]:
+        """Lay out fio's files per slice, untimed: one file per block, the size of the tier's
+        block file (or one file of such blocks for a slab tier), in the tier's folder (the
+        tier's timed writes reuse files too). Empty if fio fails."""
+        jobs = [
+            FioJob(
+                directory=profile.directory,
+                op="write",
+                block_size=profile.file_bytes(self.config.block_bytes),
+                blocks=b - a,
+                depth=depth,
+                ioengine=engine,
+                direct=profile.direct,
+                filename=f"kvtier-fio-{os.getpid()}-{k}",
+                sync="dsync" if profile.sync else "none",
+                layout=profile.layout,
+            )
+            for k, (a, b) in enumerate(slices)
+        ]
         try:
-            run_fio(job, self.fio)
+            for job in jobs:
+                run_fio(job, self.fio)
         except FioError as exc:
-            job.remove_files()
+            for job in jobs:
+                job.remove_files()
             report.notes.append(f"fio reference failed at depth {depth}: {exc}")
-            return None
-        return job
-
-    def _fio_passes(
-        self, job: FioJob, read_loops: int, report: StorageReport
-    ) -> dict[str, Reference]:
-        """A timed fio write over the laid-out files, then a read of ``read_loops`` rounds.
-
-        Both are sized, not timed, so every I/O counts, on both sides of the comparison.
-        """
-        out: dict[str, Reference] = {}
-        try:
-            for op, loops in (("write", 1), ("read", read_loops)):
-                if op == "read" and not job.direct:
-                    drop_caches()
-                res = run_fio(replace(job, op=op, loops=loops), self.fio)
-                out[op] = Reference("fio", res.result, " ".join(res.command[1:]))
-        except FioError as exc:
-            report.notes.append(f"fio reference failed at depth {job.depth}: {exc}")
-        return out
+            return []
+        return jobs
 
     # --- lookup and notes -------------------------------------------------------------------
     def _lookup(self, report: StorageReport) -> None:

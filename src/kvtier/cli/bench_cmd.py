@@ -73,8 +73,15 @@ def storage(
     repeat: Annotated[
         int, typer.Option(help="Measure each depth this often, kvtier and reference alternating.")
     ] = 3,
+    slices: Annotated[
+        int,
+        typer.Option(
+            help="Cut each disk pass into up to this many slices, kvtier and fio taking turns "
+            "slice by slice (a shared disk's speed drifts)."
+        ),
+    ] = 8,
     min_read_seconds: Annotated[
-        float, typer.Option(help="Repeat read passes until they last this long.")
+        float, typer.Option(help="Repeat read passes until they last this long (unsliced).")
     ] = 0.3,
     fio: Annotated[bool, typer.Option(help="Run fio as the disk reference when installed.")] = True,
     lookup: Annotated[
@@ -106,6 +113,7 @@ def storage(
         batch=batch,
         drive=drive,
         repeats=repeat,
+        slices=slices,
         min_read_seconds=min_read_seconds,
         fio=fio,
         lookup=lookup,

@@ -78,7 +78,7 @@ def test_bytes_moved_are_blocks_times_size_and_requests_add_up(report):
             assert m.request_blocks == 1
             assert m.result.requests == BLOCKS
         else:
-            assert m.request_blocks == min(BLOCKS, native_request_blocks(m.depth, BLOCK))
+            assert m.request_blocks == min(BLOCKS, native_request_blocks(m.depth, BLOCK, 16))
             assert m.result.requests == math.ceil(BLOCKS / m.request_blocks)
         assert m.result.latency.count == m.result.requests
         assert m.result.seconds > 0 and m.result.gbps > 0
@@ -257,8 +257,10 @@ def test_url_helpers(tmp_path):
     assert "size=1GiB" in url
     mem, disk = default_tier_urls(tmp_path, 512 * MiB)
     assert mem.startswith("memory://?size=") and disk.startswith(f"file://{tmp_path}?size=")
-    assert native_request_blocks(4, 1 * MiB) == 16  # the queue filled 4 times
-    assert native_request_blocks(16, 32 * MiB) == 16  # capped near 256 MiB a request
+    assert native_request_blocks(4, 1 * MiB) == 128  # a 32k-token prefix of 256-token chunks
+    assert native_request_blocks(1, 256 * KiB, 64) == 512
+    assert native_request_blocks(16, int(5.6 * MiB)) == 32  # ~256 MiB, whole rounds of 16
+    assert native_request_blocks(16, 32 * MiB) == 16  # at least one round at the depth
 
 
 def test_o_direct_probe_matches_the_filesystem(tmp_path):

@@ -59,12 +59,16 @@ PAGE = 4096
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
 PAYLOADS = 8  # distinct random payloads per pass
 NATIVE_REQUEST_BYTES = 256 * MiB
+NATIVE_REQUEST_TOKENS = 32768
 
 
-def native_request_blocks(depth: int, block_bytes: int) -> int:
-    """Blocks per request of a native drive: the tier's queue filled 1-4 times, ≤ ~256 MiB."""
-    rounds = max(1, min(4, NATIVE_REQUEST_BYTES // max(1, depth * block_bytes)))
-    return depth * rounds
+def native_request_blocks(depth: int, block_bytes: int, chunk_tokens: int = 256) -> int:
+    """Blocks per request of a native drive: the chunks of a 32k-token prefix (what the cache
+    asks a tier for at once when a long-context request loads its prefix), at most ~256 MiB,
+    a whole number of rounds at the depth, at least one round."""
+    want = -(-NATIVE_REQUEST_TOKENS // max(1, chunk_tokens))
+    blocks = min(want, max(1, NATIVE_REQUEST_BYTES // max(1, block_bytes)))
+    return max(depth, blocks // depth * depth)
 
 
 class BenchError(KvtierError):
@@ -78,9 +82,9 @@ class StorageBenchConfig:
     ``block_size`` defaults to the model's KV bytes per token × ``chunk_tokens``; ``data_size`` is
     the bytes written (and read back) per tier and depth; each depth is measured ``repeats``
     times (kvtier and reference alternating, disk passes slice by slice in up to ``slices``
-    slices) and the median pass reported. ``batch`` is the
-    blocks per request (None: 1 per thread for threaded drives, the tier's queue filled up to
-    4 times per call for native ones). ``drive`` is ``auto`` (native where the tier has its
+    slices) and the median pass reported. ``batch`` is the blocks per request (None: 1 per
+    thread for threaded drives; for native ones the chunks of a 32k-token prefix, see
+    ``native_request_blocks``). ``drive`` is ``auto`` (native where the tier has its
     own parallelism), ``threads`` or ``native``.
     """
 
@@ -340,7 +344,7 @@ class StorageBench:
         cfg = self.config
         block, items, tier = cfg.block_bytes, cfg.blocks, run.tier
         if run.native:
-            request = min(items, cfg.batch or native_request_blocks(depth, block))
+            request = min(items, cfg.batch or native_request_blocks(depth, block, cfg.chunk_tokens))
             unit, threads = request, 1
         else:
             request = min(items, cfg.batch or 1)
@@ -362,7 +366,9 @@ class StorageBench:
                 theirs: dict[str, list[Reference]] = {"write": [], "read": []}
                 for op in ("write", "read"):
                     for k, (a, b) in enumerate(slices):
-                        plan = PassPlan(b - a, block, threads, request, 0.0)
+                        # a slice's requests are even: no short request at its end
+                        per = -(-(b - a) // -(-(b - a) // request))
+                        plan = PassPlan(b - a, block, threads, per, 0.0)
                         if op == "read":
                             plan = replace(plan, min_seconds=min_read)
 

@@ -58,8 +58,8 @@ def storage(
     batch: Annotated[
         int | None,
         typer.Option(
-            help="Blocks per get_many_into/put_many request [1 per thread; native: the tier's "
-            "queue filled up to 4 times].",
+            help="Blocks per get_many_into/put_many request [1 per thread; native: the chunks "
+            "of a 32k-token prefix, ≤ 256 MiB].",
             show_default=False,
         ),
     ] = None,

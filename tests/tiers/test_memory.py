@@ -46,6 +46,13 @@ class TestMemoryTier(TierConformance):
         return True
 
 
+class TestMemoryTierCopiesReleasingTheGil(TestMemoryTier):
+    """The same contract with every block copied by numpy (``gil_copy_max=0``)."""
+
+    def make_tier(self, root, namespace, capacity, eviction="lru"):
+        return MemoryTier(namespace, capacity, eviction=eviction, pin=False, gil_copy_max=0)
+
+
 def test_url_options():
     tier = open_tier("memory://?size=8MiB&eviction=lru&slot=64KiB&pin=0", NS_A)
     assert isinstance(tier, MemoryTier)
@@ -53,6 +60,8 @@ def test_url_options():
     assert tier.slot_size == 64 * 1024
     assert not tier.pinned
     assert tier.capabilities.verifies_checksum is False
+    assert tier.gil_copy_max == 256 * 1024
+    assert open_tier("memory://?size=8MiB&gil_copy_max=0", NS_A).gil_copy_max == 0
 
 
 @pytest.mark.parametrize(
@@ -64,6 +73,7 @@ def test_url_options():
         "memory://?size=8MiB&pin=maybe",
         "memory://?size=8MiB&eviction=fifo",
         "memory://?size=1MiB&slot=2MiB",
+        "memory://?size=8MiB&gil_copy_max=-1",
     ],
 )
 def test_bad_urls(url):

@@ -256,7 +256,7 @@ def test_url_helpers(tmp_path):
     assert url.startswith(f"file://{tmp_path}?") and "depth=4" in url and "depth=8" not in url
     assert "size=1GiB" in url
     mem, disk = default_tier_urls(tmp_path, 512 * MiB)
-    assert mem.startswith("memory://?size=") and disk.startswith(f"file://{tmp_path}?size=")
+    assert mem.startswith("memory://?size=") and disk.startswith(f"slab://{tmp_path}?size=")
     assert native_request_blocks(4, 1 * MiB) == 128  # a 32k-token prefix of 256-token chunks
     assert native_request_blocks(1, 256 * KiB, 64) == 512
     assert native_request_blocks(16, int(5.6 * MiB)) == 32  # ~256 MiB, whole rounds of 16

@@ -227,10 +227,11 @@ def with_option(url: str, name: str, value: str) -> str:
 
 
 def default_tier_urls(directory: Path | None = None, data_size: int = DEFAULT_DATA) -> list[str]:
-    """memory plus a disk directory (``./.kvtier/bench`` unless given), each sized for the data."""
+    """memory plus a ``slab://`` disk tier (in ``./.kvtier/bench`` unless given), each sized
+    for the data."""
     directory = (directory or Path.cwd() / ".kvtier" / "bench").resolve()
     size_mib = max(1024, math.ceil(2 * data_size / MiB))
-    return [f"memory://?size={size_mib}MiB", f"file://{directory}?size={size_mib}MiB"]
+    return [f"memory://?size={size_mib}MiB", f"slab://{directory}?size={size_mib}MiB"]
 
 
 # --- the run -----------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class TTFTBenchConfig:
         disk = Path(self.directory).expanduser().resolve()
         return [
             (f"memory://?size={self.dram_size}&name=dram", "dram"),
-            (f"file://{disk}?size={self.disk_size}&name=disk", "disk"),
+            (f"slab://{disk}?size={self.disk_size}&name=disk", "disk"),
         ]
 
 

@@ -37,7 +37,7 @@ def storage(
         typer.Option(
             "--tier",
             help="Tier URL to measure (repeatable), e.g. 'memory://?size=2GiB' or "
-            "'file:///nvme/kvbench?size=4GiB'. Default: memory + a disk tier in --dir.",
+            "'slab:///nvme/kvbench?size=4GiB'. Default: memory + a slab:// disk tier in --dir.",
         ),
     ] = None,
     directory: Annotated[

@@ -27,7 +27,7 @@ def default_tier_urls(directory: Path, chunk_bytes: int, chunks: int) -> list[st
     size = max(64 << 20, 2 * chunks * (chunk_bytes + 8192))
     return [
         f"memory://?size={size}",
-        f"file://{directory.resolve()}?size={size}",
+        f"slab://{directory.resolve()}?size={size}&name=disk",
     ]
 
 
@@ -46,7 +46,7 @@ def calibrate_command(
         list[str] | None,
         typer.Option(
             "--tier",
-            help="Tier URL to measure (repeatable). Default: memory + a disk tier in --dir.",
+            help="Tier URL to measure (repeatable). Default: memory + a slab:// tier in --dir.",
         ),
     ] = None,
     directory: Annotated[

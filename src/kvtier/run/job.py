@@ -78,7 +78,7 @@ class RunConfig:
         disk = Path(self.disk_dir).expanduser().resolve()
         urls = [
             (f"memory://?size={self.dram_size}&name=dram", "dram"),
-            (f"file://{disk}?size={self.disk_size}&name=disk", "disk"),
+            (f"slab://{disk}?size={self.disk_size}&name=disk", "disk"),
         ]
         for i, url in enumerate(self.extra_tiers):
             urls.append((url, _tier_name(url, i)))

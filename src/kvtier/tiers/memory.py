@@ -29,14 +29,12 @@ released 0.93/0.58/0.71x; 1 MiB held 1.09/0.60/0.71x, released 1.02/0.75/0.78x.
 With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
 host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
 
-Measured on the dev VM (2 shared cores, load average 1.3-3.4 from another user's jobs),
 ``kvtier bench storage`` against ``numpy.copyto`` between preallocated buffers on as many
-threads, medians of three runs at 1/4/16 threads: 256 KiB 0.93/0.67/0.78x, 1 MiB
-1.00/1.00/0.93x, the default 5.6 MiB blocks 1.05/1.02/1.13x (256 KiB before single-block
-requests skipped the batch loop, one run: 0.73/0.56/0.66x; memory alone, two runs:
-0.78-0.84/0.86-0.87/0.89-0.93x). The fixed cost of an unlocked read is ~1.3 us (one thread,
-4 KiB blocks); with several threads on 2 cores the Python around each copy waits for the GIL,
-which hurts small blocks most, and single runs at 256 KiB moved by 0.3.
+threads, one run of 3 repeats on the dev VM (2 cores, load average 0.3-1.5), 1/4/16 threads:
+256 KiB 1.04/0.63/1.02x, 1 MiB 1.03/0.91/0.82x, the default 5.6 MiB blocks 1.11/0.92/0.90x.
+The fixed cost of an unlocked read is ~2 us (one thread, 4 KiB blocks, through
+``get_many_into``); at 256 KiB on 4 threads the plain copy runs two copies at once on the two
+cores while the tier, holding the GIL or queueing for it, mostly runs one.
 """
 
 from __future__ import annotations

@@ -51,16 +51,17 @@ bytes with the indexed ones and hash the payload in place from a seeded xxh3. Ot
 unaligned buffers and failed checks take the general path (``_io`` backends, pool buffers),
 which raises the precise error.
 
-Against fio on one preallocated file (``kvtier bench storage``: same block file size, depth,
-io_uring, O_DIRECT, O_DSYNC), two runs, each a median of 3 repeats, dev VM (virtio disk, ext4,
-2 cores shared with another user's jobs, load average 0.9-2.5), depths 1/4/16: 256 KiB write
-0.85/0.74/0.83x and 0.83/0.71/0.83x, read 0.87/0.79/0.99x and 0.70/0.73/1.14x; 1 MiB write
-0.64/0.91/1.03x and 0.65/0.81/0.79x, read 0.95/0.98/1.39x and 0.88/1.02/1.11x (fio's own rates
-moved by up to 1.5x between repeats). At depth 4, 256 KiB, one ``put_many`` of 1024 blocks
-wrote at 1.0-1.4 GB/s (fio's rate) and read at 0.9-1.2, requests of 16 or 64 blocks (the bench
-uses 16) at 0.75-1.05 and 0.55-0.75: the queue drains at the end of every request, which fio's
-never does; why 64-block requests gained little was not pinned down. The xxh3 of a block
-that is not in cache costs ~50 us per 256 KiB (~200 us per MiB) of CPU that fio does not spend.
+The default disk layout of ``kvtier run``, ``calibrate`` and ``bench`` (``file://`` keeps one
+file per block). Against fio on one preallocated file (``kvtier bench storage``: same block
+file size, depth, io_uring, O_DIRECT, O_DSYNC; requests of a 32k-token prefix; kvtier and fio
+taking turns in 8 slices per pass), one run of 3 repeats on the dev VM (virtio disk, ext4, 2
+cores, load average 0.3-1.5), depths 1/4/16: 256 KiB write 0.93/0.98/1.16x, read
+0.76/0.95/1.01x; 1 MiB write 1.08/1.49/1.41x, read 0.94/1.10/1.25x; 5.6 MiB write
+0.95/0.75/0.75x, read 1.27/1.04/1.05x. Earlier runs with requests of 1-4 rounds of the queue
+(16 blocks at depth 4) read 0.80-0.83x at depth 4: the queue drains at the end of every
+request, which fio's never does. At depth 1 a bare Python io_uring loop reads at 0.85-0.9x of
+fio here, and this tier within a few percent of that loop. The xxh3 of a block that is not in
+cache costs ~50 us per 256 KiB (~200 us per MiB) of CPU that fio does not spend.
 """
 
 from __future__ import annotations

@@ -127,10 +127,16 @@ def storage(
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        auto_refresh=False,  # drawn between passes only: no thread takes the GIL mid-pass
     ) as progress:
         bench = StorageBench(config)
         task = progress.add_task("bench storage", total=bench.steps())
-        bench.on_step = lambda label: progress.update(task, advance=1, description=label)
+
+        def step(label: str) -> None:
+            progress.update(task, advance=1, description=label)
+            progress.refresh()
+
+        bench.on_step = step
         report = bench.run()
     if json_out:
         typer.echo(storage_json(report))

@@ -207,30 +207,9 @@ class MemoryTier(Tier):
     def get_many_into(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) == 1 and len(outs) == 1:
-            # the common single-block request: ``get_into`` inlined, no loop (with several
-            # threads on few cores, the Python around each copy is what they queue for)
-            key, out = keys[0], outs[0]
-            block = self._index.get(key)
-            if (
-                block is not None
-                and type(out) is np.ndarray
-                and out.dtype is _U8
-                and out.shape == block.shape
-            ):
-                if block.small is not None:
-                    memoryview(out)[:] = block.small
-                else:
-                    np.copyto(out, block.whole)
-                if not block.freed and block.head.tobytes() == block.header_bytes:
-                    touched = self._touched
-                    touched.append(key)
-                    if len(touched) > _TOUCH_MAX:
-                        with self._lock:
-                            self._drain_locked()
-                    return [block.header]
+        if len(keys) == 1 and len(outs) == 1:  # the common single-block request: no loop
             try:
-                return [self._get_locked(key, out)]
+                return [self.get_into(keys[0], outs[0])]
             except BlockError as exc:
                 return [exc]
         if len(keys) != len(outs):

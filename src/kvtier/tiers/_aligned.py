@@ -66,6 +66,22 @@ def aligned_array(nbytes: int) -> np.ndarray:
     return array
 
 
+def huge_array(nbytes: int) -> np.ndarray:
+    """A pre-faulted uint8 array of ``nbytes`` starting on a 2 MiB boundary, on memory that asks
+    for transparent huge pages: each 2 MiB of it is then one physically contiguous range, which
+    a device reads into as one segment instead of 512 pages."""
+    mapping = mmap.mmap(-1, align_up(max(nbytes, 1), HUGE) + HUGE,
+                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # fmt: skip
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):  # THP disabled or unsupported: plain pages
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    base = np.frombuffer(mapping, dtype=np.uint8)
+    start = -address(base) % HUGE
+    array = base[start : start + nbytes]
+    array[:] = 0  # fault every page in now
+    return array
+
+
 class BufferPool:
     """Aligned scratch buffers handed out one per in-flight I/O and given back after it.
 

@@ -99,7 +99,7 @@ from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
 from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
-from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
+from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up, huge_array
 from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
 from kvtier.tiers._direct import o_direct_refusal
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
@@ -151,6 +151,8 @@ class _File:
 
 
 _SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
+#: Payloads up to this size are read into the ring's huge-page staging and copied out.
+BOUNCE_MAX = 1 << 20
 
 
 class _Slots(_short.Slots):
@@ -162,6 +164,16 @@ class _Slots(_short.Slots):
     """
 
     eager = True
+
+    def __init__(self, ring: _uring.Ring, depth: int):
+        super().__init__(ring, depth)
+        self._staging: np.ndarray | None = None
+
+    def staging(self, slot: int) -> np.ndarray:
+        """Slot ``slot``'s ``BOUNCE_MAX`` bytes of huge-page staging (mapped on first use)."""
+        if self._staging is None:
+            self._staging = huge_array(3 * self.depth * BOUNCE_MAX)  # one per scratch slot
+        return self._staging[slot * BOUNCE_MAX : (slot + 1) * BOUNCE_MAX]
 
     def prepare_at(
         self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool, at: int
@@ -965,6 +977,8 @@ class SlabTier(Tier):
             slot = slots.free.pop()
             inflight[j] = slot
             slots.read_into.add(slot)
+            if bulk <= BOUNCE_MAX:  # into huge-page staging: one device segment, not 64+
+                addr = address(slots.staging(slot))
             slots.prepare_at(
                 j, slot, _uring.OP_READV, entry.file.fd, addr, bulk, stored > bulk, entry.offset
             )
@@ -984,12 +998,15 @@ class SlabTier(Tier):
                     dst = out if type(out) is np.ndarray else np.frombuffer(out, np.uint8)
                     if dst.ndim != 1:
                         dst = dst.reshape(-1)
+                    staged = slots.staging(slot)[:bulk] if bulk <= BOUNCE_MAX else None
                     h = entry.seed.copy()
                     if bulk:
-                        h.update(dst[:bulk])
+                        h.update(dst[:bulk] if staged is None else staged)
                     tail = scratch[at + PAGE : at + PAGE + stored - bulk]
                     h.update(tail)
                     if h.intdigest() == header.checksum:
+                        if staged is not None:  # only a checked block reaches the caller
+                            dst[:bulk] = staged
                         if stored > bulk:
                             dst[bulk:stored] = tail
                         results[i] = header

@@ -47,7 +47,15 @@ I/O: ``io=uring`` (the default where io_uring can be set up, else ``threads``). 
 ring take a short path: ``_short``'s scratch slots (a header and a tail page per op, kept with
 the ring), each op at its slot's offset and handed to the kernel as soon as it is prepared
 while the ring has room; reads of raw blocks into page-aligned buffers compare the 128 header
-bytes with the indexed ones and hash the payload in place from a seeded xxh3. Other codecs,
+bytes with the indexed ones and hash the payload from a seeded xxh3. Payloads up to
+``BOUNCE_MAX`` (1 MiB) move through the ring's staging, ``3 x depth`` MiB on transparent huge
+pages mapped on first use: the device then reads or writes one physically contiguous range
+instead of a page list (65 segments for 256 KiB from a caller's 4 KiB pages), which on the dev
+VM's virtio disk is most of the cost of an op. A read is checked in staging before it is copied
+into the caller's buffer; a write is copied in (~20 us per 256 KiB) before it is queued.
+Measured (``kvtier bench storage --block-size 256KiB``, depths 1/4/16): reads 0.77/0.84x fio
+at depths 1/4 before, 1.36/1.35/1.65x and 1.27/1.58/1.37x after; A/B of writes alternating six
+times, 256 KiB: 0.72 -> 0.76 GB/s at depth 1, 1.16 -> 1.32 at depth 4. Other codecs,
 unaligned buffers and failed checks take the general path (``_io`` backends, pool buffers),
 which raises the precise error.
 
@@ -919,6 +927,10 @@ class SlabTier(Tier):
                 tail[: n - bulk] = np.frombuffer(stored, np.uint8, n - bulk, bulk)
                 tail[n - bulk :] = 0
             inflight[j] = (slot, entry, meta.value, PAGE + align_up(n))
+            if 0 < bulk <= BOUNCE_MAX:  # from huge-page staging: one device segment
+                staged = slots.staging(slot)
+                staged[:bulk] = np.frombuffer(stored, np.uint8, bulk)
+                addr = address(staged)
             slots.prepare_at(
                 j, slot, _uring.OP_WRITEV, entry.file.fd, addr, bulk, n > bulk, entry.offset
             )

@@ -107,7 +107,7 @@ from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
 from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
-from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up, huge_array
+from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
 from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
 from kvtier.tiers._direct import o_direct_refusal
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
@@ -159,8 +159,7 @@ class _File:
 
 
 _SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
-#: Payloads up to this size are read into the ring's huge-page staging and copied out.
-BOUNCE_MAX = 1 << 20
+BOUNCE_MAX = _short.BOUNCE_MAX  # payloads up to this size move through huge-page staging
 
 
 class _Slots(_short.Slots):
@@ -172,16 +171,6 @@ class _Slots(_short.Slots):
     """
 
     eager = True
-
-    def __init__(self, ring: _uring.Ring, depth: int):
-        super().__init__(ring, depth)
-        self._staging: np.ndarray | None = None
-
-    def staging(self, slot: int) -> np.ndarray:
-        """Slot ``slot``'s ``BOUNCE_MAX`` bytes of huge-page staging (mapped on first use)."""
-        if self._staging is None:
-            self._staging = huge_array(3 * self.depth * BOUNCE_MAX)  # one per scratch slot
-        return self._staging[slot * BOUNCE_MAX : (slot + 1) * BOUNCE_MAX]
 
     def prepare_at(
         self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool, at: int

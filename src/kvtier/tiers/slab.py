@@ -63,13 +63,12 @@ The default disk layout of ``kvtier run``, ``calibrate`` and ``bench`` (``file:/
 file per block). Against fio on one preallocated file (``kvtier bench storage``: same block
 file size, depth, io_uring, O_DIRECT, O_DSYNC; requests of a 32k-token prefix; kvtier and fio
 taking turns in 8 slices per pass), one run of 3 repeats on the dev VM (virtio disk, ext4, 2
-cores, load average 0.3-1.5), depths 1/4/16: 256 KiB write 0.93/0.98/1.16x, read
-0.76/0.95/1.01x; 1 MiB write 1.08/1.49/1.41x, read 0.94/1.10/1.25x; 5.6 MiB write
-0.95/0.75/0.75x, read 1.27/1.04/1.05x. Earlier runs with requests of 1-4 rounds of the queue
-(16 blocks at depth 4) read 0.80-0.83x at depth 4: the queue drains at the end of every
-request, which fio's never does. At depth 1 a bare Python io_uring loop reads at 0.85-0.9x of
-fio here, and this tier within a few percent of that loop. The xxh3 of a block that is not in
-cache costs ~50 us per 256 KiB (~200 us per MiB) of CPU that fio does not spend.
+cores, load average 0.7-1.8), depths 1/4/16: 256 KiB write 1.00/0.89/1.11x, read
+1.52/1.58/1.74x; 1 MiB write 1.13/1.18/1.40x, read 1.90/1.83/1.93x; 5.6 MiB write
+0.92/0.92/0.91x, read 1.02/1.41/1.02x. Requests of 1-4 rounds of the queue (16 blocks at depth
+4) read 0.80-0.83x at depth 4 before the staging: the queue drains at the end of every request,
+which fio's never does. The xxh3 of a block that is not in cache costs ~50 us per 256 KiB
+(~200 us per MiB) of CPU that fio does not spend.
 """
 
 from __future__ import annotations

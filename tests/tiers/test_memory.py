@@ -46,11 +46,20 @@ class TestMemoryTier(TierConformance):
         return True
 
 
-class TestMemoryTierCopiesReleasingTheGil(TestMemoryTier):
-    """The same contract with every block copied by numpy (``gil_copy_max=0``)."""
+class TestMemoryTierInPython(TestMemoryTier):
+    """The same contract without the C read path (``native=0``), small copies holding the GIL."""
 
     def make_tier(self, root, namespace, capacity, eviction="lru"):
-        return MemoryTier(namespace, capacity, eviction=eviction, pin=False, gil_copy_max=0)
+        return MemoryTier(namespace, capacity, eviction=eviction, pin=False, native=False)
+
+
+class TestMemoryTierCopiesReleasingTheGil(TestMemoryTier):
+    """The same contract in Python with every block copied by numpy (``gil_copy_max=0``)."""
+
+    def make_tier(self, root, namespace, capacity, eviction="lru"):
+        return MemoryTier(
+            namespace, capacity, eviction=eviction, pin=False, gil_copy_max=0, native=False
+        )
 
 
 def test_url_options():
@@ -62,6 +71,25 @@ def test_url_options():
     assert tier.capabilities.verifies_checksum is False
     assert tier.gil_copy_max == 256 * 1024
     assert open_tier("memory://?size=8MiB&gil_copy_max=0", NS_A).gil_copy_max == 0
+    assert open_tier("memory://?size=8MiB&native=0", NS_A)._get1 is None
+
+
+def test_the_c_read_path_is_built_and_used():
+    """make setup builds src/kvtier/tiers/_fastget.c (gcc is on every machine this runs on)."""
+    from kvtier.tiers import memory
+
+    assert memory._native_get1 is not None, "the C read path did not build; pip install -e ."
+    tier = MemoryTier(NS_A, 4 * MiB, pin=False, native=True)
+    key = make_key(3)
+    payload = make_payload(key, 1, 20_000)
+    assert tier.put(key, payload)
+    out = np.zeros(20_000, np.uint8)
+    [header] = memory._native_get1(tier._index, key, out, tier._touched)  # the C path itself
+    assert header.raw_len == 20_000 and check_payload(out, 20_000, key) == 1
+    assert memory._native_get1(tier._index, make_key(4), out, tier._touched) is None  # a miss
+    assert memory._native_get1(tier._index, key, np.zeros(20_001, np.uint8), []) is None
+    tier.block_views(key)[0][40] ^= 1  # a changed header: never served by the C path
+    assert memory._native_get1(tier._index, key, out, tier._touched) is None
 
 
 @pytest.mark.parametrize(
@@ -74,6 +102,7 @@ def test_url_options():
         "memory://?size=8MiB&eviction=fifo",
         "memory://?size=1MiB&slot=2MiB",
         "memory://?size=8MiB&gil_copy_max=-1",
+        "memory://?size=8MiB&native=maybe",
     ],
 )
 def test_bad_urls(url):

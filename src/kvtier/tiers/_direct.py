@@ -7,6 +7,8 @@ import os
 import secrets
 from pathlib import Path
 
+from kvtier.errors import ConfigError
+
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -29,4 +31,17 @@ def o_direct_refusal(root: Path, shown: str) -> str | None:
     return None
 
 
-__all__ = ["O_DIRECT", "o_direct_refusal"]
+def resolve_direct(direct: bool | None, root: Path, shown: str) -> tuple[bool, str | None]:
+    """A tier's ``direct=`` option resolved: (use O_DIRECT, a note for the user or None).
+
+    ``None`` (auto) probes ``root``; ``True`` on a platform without O_DIRECT is a ConfigError.
+    """
+    if direct is None:
+        refusal = o_direct_refusal(root, shown)
+        return refusal is None, refusal
+    if direct and not O_DIRECT:
+        raise ConfigError("direct=1: this platform has no O_DIRECT; use direct=0")
+    return bool(direct), None
+
+
+__all__ = ["O_DIRECT", "o_direct_refusal", "resolve_direct"]

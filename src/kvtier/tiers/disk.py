@@ -93,7 +93,7 @@ from kvtier.tiers._blockfile import (
     plan_write,
 )
 from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
-from kvtier.tiers._direct import o_direct_refusal
+from kvtier.tiers._direct import resolve_direct
 from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._options import int_opt, tristate
@@ -193,15 +193,9 @@ class DiskTier(Tier):
         self._headers = RawHeaders(namespace)
         self.root.mkdir(parents=True, exist_ok=True)
         self._free = FreeFiles(str(self.root / FREE_DIR))
-        if direct is None:
-            refusal = o_direct_refusal(self.root, str(self.directory))
-            if refusal:
-                self._note(refusal)
-            self.direct = refusal is None
-        else:
-            self.direct = bool(direct and _O_DIRECT)
-        if direct and not self.direct:
-            raise ConfigError("direct=1: this platform has no O_DIRECT; use direct=0")
+        self.direct, refusal = resolve_direct(direct, self.root, str(self.directory))
+        if refusal:
+            self._note(refusal)
         self._oflags = _O_DIRECT if self.direct else 0
         self.io: IOBackend = make_backend(io, depth)
         self.ioengine = self.io.ioengine

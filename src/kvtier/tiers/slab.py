@@ -108,7 +108,7 @@ from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
 from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
 from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
-from kvtier.tiers._direct import o_direct_refusal
+from kvtier.tiers._direct import resolve_direct
 from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._options import int_opt, tristate
 from kvtier.tiers._short import buffer_address, seed_of
@@ -272,15 +272,9 @@ class SlabTier(Tier):
         self._last_rescan = 0.0
         self._pool = BufferPool(keep=4 * depth + 4)
         self.root.mkdir(parents=True, exist_ok=True)
-        if direct is None:
-            refusal = o_direct_refusal(self.root, str(self.directory))
-            if refusal:
-                self._note(refusal)
-            self.direct = refusal is None
-        else:
-            self.direct = bool(direct and _O_DIRECT)
-        if direct and not self.direct:
-            raise ConfigError("direct=1: this platform has no O_DIRECT; use direct=0")
+        self.direct, refusal = resolve_direct(direct, self.root, str(self.directory))
+        if refusal:
+            self._note(refusal)
         self._oflags = _O_CLOEXEC | (_O_DIRECT if self.direct else 0)
         self._zero = self._pool.take(PAGE)
         self._zero[:] = 0

@@ -351,18 +351,21 @@ class RawHeaders:
         """The header of a raw block and what a read of it will need (``meta.codec`` raw)."""
         n = payload.nbytes
         pre, mid, tail = self._template(meta, n)
-        zeroed = pre + key + mid + _F64.pack(meta.value) + tail
-        h = xxhash.xxh3_64(zeroed)
-        seed = h.copy()
-        h.update(payload)
-        checksum = h.intdigest()
-        head = (
-            zeroed[:_CHECKSUM_OFFSET]
-            + checksum.to_bytes(8, "little")
-            + zeroed[_CHECKSUM_OFFSET + 8 :]
-        )
+        head, checksum, seed = seal(pre + key + mid + _F64.pack(meta.value) + tail, payload)
         header = BlockHeader(self.namespace, key, meta, n, n, checksum)
         return head, Known(head, header, seed)
+
+
+def seal(zeroed: bytes, stored) -> tuple[bytes, int, xxhash.xxh3_64]:
+    """A header whose checksum field is zero, sealed: (the header with the xxh3 over it and
+    ``stored`` in place, that checksum, the xxh3 state after the header alone for reads)."""
+    h = xxhash.xxh3_64(zeroed)
+    seed = h.copy()
+    h.update(stored)
+    checksum = h.intdigest()
+    at = _CHECKSUM_OFFSET
+    head = zeroed[:at] + checksum.to_bytes(8, "little") + zeroed[at + 8 :]
+    return head, checksum, seed
 
 
 def seed_of(head: bytes) -> xxhash.xxh3_64:
@@ -378,6 +381,7 @@ __all__ = [
     "WriteOp",
     "buffer_address",
     "read_known",
+    "seal",
     "seed_of",
     "write_blocks",
 ]

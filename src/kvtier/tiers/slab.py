@@ -100,7 +100,7 @@ from kvtier.codec import (
     get_codec,
     parse_header,
 )
-from kvtier.codec.container import _CHECKSUM_OFFSET, RAW_META, _header_bytes
+from kvtier.codec.container import RAW_META, _header_bytes
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
@@ -722,16 +722,7 @@ class SlabTier(Tier):
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())
         zeroed = _header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
-        zeroed = zeroed[:SEQ_AT] + seq.to_bytes(8, "little")
-        h = xxhash.xxh3_64(zeroed)
-        seed = h.copy()
-        h.update(stored)
-        checksum = h.intdigest()
-        head = (
-            zeroed[:_CHECKSUM_OFFSET]
-            + checksum.to_bytes(8, "little")
-            + zeroed[_CHECKSUM_OFFSET + 8 :]
-        )
+        head, checksum, seed = _short.seal(zeroed[:SEQ_AT] + seq.to_bytes(8, "little"), stored)
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored
 

@@ -22,6 +22,7 @@ from kvtier.codec import HEADER_SIZE, BlockError, ForeignBlockError
 from kvtier.testing.tier_conformance import (
     NS_A,
     check_payload,
+    kill_mid_burst,
     make_key,
     make_payload,
     read_all_blocks,
@@ -70,13 +71,7 @@ def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
     recovered = 0
     for round_ in range(3):
         proc = _start_writer(tmp_path, base, keys, seed=round_)
-        try:
-            wait_lines(proc, rng.randrange(2, 25))
-            time.sleep(rng.random() * 0.02)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL
+        kill_mid_burst(proc, rng.randrange(2, 25), rng.random() * 0.02)
         with DiskTier(NS_A, tmp_path, 256 << 20) as tier:
             recovered = read_all_blocks(tier, base + keys * 97)
             assert recovered == tier.usage().blocks

@@ -20,6 +20,7 @@ from kvtier.testing.tier_conformance import (
     NS_A,
     TierConformance,
     check_payload,
+    kill_mid_burst,
     make_key,
     make_payload,
     read_all_blocks,
@@ -221,13 +222,7 @@ def test_kill_9_during_a_burst_leaves_only_whole_blocks(tmp_path: Path):
     recovered = 0
     for round_ in range(3):
         proc = _start_writer(tmp_path, 60, round_)
-        try:
-            wait_lines(proc, rng.randrange(3, 30))
-            time.sleep(rng.random() * 0.02)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL
+        kill_mid_burst(proc, rng.randrange(3, 30), rng.random() * 0.02)
         files = list(Path(tmp_path, NS_A.hex()).glob("*.slab"))
         assert files and not any(Path(str(f) + CLEAN).exists() for f in files)
         with SlabTier(NS_A, tmp_path, 2 << 20) as tier:  # adopts the dead writer's files

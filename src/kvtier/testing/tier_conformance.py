@@ -15,8 +15,10 @@ so a reader can tell a torn or foreign block from a good one without knowing wha
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -97,6 +99,17 @@ def wait_lines(proc: subprocess.Popen, lines: int) -> None:
     for _ in range(lines):
         if not proc.stdout.readline():
             raise AssertionError(f"writer died early: {proc.stderr.read()}")
+
+
+def kill_mid_burst(proc: subprocess.Popen, lines: int, pause: float) -> None:
+    """SIGKILL a writer subprocess ``pause`` seconds after its ``lines``-th step."""
+    try:
+        wait_lines(proc, lines)
+        time.sleep(pause)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
 
 
 class TierConformance:

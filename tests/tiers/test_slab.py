@@ -162,25 +162,27 @@ def test_reopen_recovers_the_index_bit_exact(tmp_path: Path):
 
 
 @URING
-def test_blocks_around_the_staging_size_round_trip_bit_exact(tmp_path: Path):
-    from kvtier.tiers.slab import BOUNCE_MAX
-
-    sizes = [BOUNCE_MAX - PAGE + 100, BOUNCE_MAX, BOUNCE_MAX + 100, BOUNCE_MAX + PAGE, 300_000]
+@pytest.mark.parametrize("budget", [96 * MiB, 3 * MiB, 0])
+def test_blocks_staged_or_direct_round_trip_bit_exact(tmp_path: Path, budget: int):
+    # budget 96 MiB: every payload staged (buffers re-cut as sizes grow); 3 MiB: the ones that
+    # fit while a buffer is free; 0: none. Sizes straddle the 1 MiB unit and the page.
+    sizes = [MiB - PAGE + 100, MiB, MiB + 100, MiB + PAGE, 300_000, 5 * MiB + 100, 2 * MiB]
     keys = [make_key(i) for i in range(len(sizes))]
-    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2) as tier:
+    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2, staging=budget) as tier:
         assert all(tier.put_many(_items(keys, 1, sizes)))  # staged and direct writes
         outs = [aligned_array(n) for n in sizes]
         got = tier.get_many_into(keys, outs)  # staged and direct reads, one batch
         assert all(h is not None and not isinstance(h, Exception) for h in got)
         for k, n, out in zip(keys, sizes, outs, strict=True):
             assert check_payload(out, n, k) == 1
-        path, offset, _ = _slot(tier, keys[1])
-        _flip(path, offset + PAGE + 5000, 0)  # a damaged staged payload: an error, not data
-    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2) as again:
+        for i in (1, 5):  # a damaged payload, staged or not: an error, not data
+            path, offset, _ = _slot(tier, keys[i])
+            _flip(path, offset + PAGE + 5000 + i, 0)
+    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2, staging=budget) as again:
         outs = [aligned_array(n) for n in sizes]
         got = again.get_many_into(keys, outs)
-        assert isinstance(got[1], BlockError)
-        for i in (0, 2, 3, 4):
+        assert isinstance(got[1], BlockError) and isinstance(got[5], BlockError)
+        for i in (0, 2, 3, 4, 6):
             assert check_payload(outs[i], sizes[i], keys[i]) == 1
 
 

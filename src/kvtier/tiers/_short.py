@@ -5,11 +5,12 @@ iovec arrays per block; at 256 KiB that Python, not the device, bounded the tier
 (~100 us of CPU per block on the dev VM). Here a batch takes ``3 × depth`` slots once, each two
 scratch pages (a header page and a last partial page) and three iovecs, and every op is a
 vectored read or write of ``[header page][payload pages][tail page]``, the payload pages in the
-ring's huge-page staging for payloads up to ``BOUNCE_MAX`` (one contiguous range for the
-device; copied to or from the caller's buffer, a read only once checked), else straight
-from/into the caller's buffer. Ops are prepared up to ``depth`` ahead of the ring, which is refilled
-as soon as a completion frees room, before the finished ops are checked (hash, rename): the
-device never waits for that work, nor for the setup (hash, open) of the next write.
+ring's huge-page staging (``Staging``: one contiguous range per 2 MiB for the device; copied
+to or from the caller's buffer, a read only once checked) while its budget has room, else
+straight from/into the caller's buffer. Ops are prepared up to ``depth`` ahead of the ring,
+which is refilled as soon as a completion frees room, before the finished ops are checked
+(hash, rename): the device never waits for that work, nor for the setup (hash, open) of the
+next write.
 
 Reads take blocks whose header the tier already holds (it wrote the block, or read it before)
 and whose payload is stored raw: the completion compares the 128 header bytes with the known
@@ -47,8 +48,8 @@ _KEY_AT = _CHECKSUM_OFFSET - 32  # header layout (kvtier.codec.container): ... k
 _VALUE_AT = _FMT.size - 8  # stored lengths, checksum, shape, value (f64), zero padding
 _F64 = struct.Struct("<d")
 _MAX_TEMPLATES = 64
-#: Payloads up to this size move through the ring's huge-page staging (see ``Slots.staging``).
-BOUNCE_MAX = 1 << 20
+#: Bytes of huge-page staging per ring (see ``Staging``), unless a tier sets its own.
+STAGING_BUDGET = 96 << 20
 
 
 @dataclass(slots=True)
@@ -82,6 +83,65 @@ def buffer_address(buf, nbytes: int, *, writable: bool) -> int:
     return addr if addr % PAGE == 0 else 0
 
 
+class Staging:
+    """Huge-page staging buffers of one ring, within ``budget`` bytes.
+
+    A payload staged here is one physically contiguous range per 2 MiB for the device instead
+    of a list of the caller's 4 KiB pages (65 segments for 256 KiB, ~1,440 for 5.6 MiB), which
+    on a virtio disk is most of the cost of an op. Buffers are all one size, a whole number of
+    MiB that grows to the largest payload asked for (re-cut only while none is lent), and at
+    most ``count`` of them (one per scratch slot) fit in the budget; a payload that finds no
+    free buffer, or is larger than the budget, goes from/into the caller's buffer instead.
+    The memory is mapped on first use.
+    """
+
+    UNIT = 1 << 20
+
+    def __init__(self, count: int, budget: int):
+        self.count = count
+        self.budget = budget
+        self.size = 0  # bytes per buffer
+        self._array: np.ndarray | None = None
+        self._free: list[int] = []
+        self._lent: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (buffer number, view)
+
+    def take(self, slot: int, nbytes: int) -> np.ndarray | None:
+        """A buffer of ``nbytes`` lent to ``slot`` until :meth:`give`, or None."""
+        if nbytes <= 0:
+            return None
+        if nbytes > self.size and not self._recut(nbytes):
+            return None
+        if not self._free:
+            return None
+        b = self._free.pop()
+        buf = self._array[b * self.size : b * self.size + nbytes]  # type: ignore[index]
+        self._lent[slot] = (b, buf)
+        return buf
+
+    def lent(self, slot: int) -> np.ndarray | None:
+        """The buffer lent to ``slot``, if any."""
+        lent = self._lent.get(slot)
+        return None if lent is None else lent[1]
+
+    def give(self, slot: int) -> None:
+        """Take back ``slot``'s buffer (if it has one)."""
+        lent = self._lent.pop(slot, None)
+        if lent is not None:
+            self._free.append(lent[0])
+
+    def _recut(self, nbytes: int) -> bool:
+        size = -(-nbytes // self.UNIT) * self.UNIT
+        k = min(self.count, self.budget // size)
+        if self._lent or k < 1:
+            return False
+        if self._array is None or self._array.nbytes < k * size:
+            self._array = None
+            self._array = huge_array(k * size)
+        self.size = size
+        self._free = list(range(k - 1, -1, -1))
+        return True
+
+
 class Slots:
     """Scratch slots and their iovecs for one batch on one ring.
 
@@ -91,7 +151,7 @@ class Slots:
     ``3 × depth`` slots: in the ring, prepared, and finished but not yet checked.
     """
 
-    def __init__(self, ring: _uring.Ring, depth: int):
+    def __init__(self, ring: _uring.Ring, depth: int, budget: int = STAGING_BUDGET):
         self.ring = ring
         self.depth = depth
         n = 3 * depth
@@ -102,23 +162,19 @@ class Slots:
         self.free = list(range(n))
         self.read_into: set[int] = set()  # slots whose header page a read filled
         self.ready: deque[tuple[int, int, int, int, int]] = deque()  # prepared ops
-        self._staging: np.ndarray | None = None
+        self.staging = Staging(n, budget)
 
-    def staging(self, slot: int) -> np.ndarray:
-        """Slot ``slot``'s ``BOUNCE_MAX`` bytes of staging on transparent huge pages, mapped on
-        first use (``3 x depth`` MiB a ring). A payload staged here is one physically contiguous
-        range for the device instead of a list of the caller's 4 KiB pages (65 segments for
-        256 KiB), which on a virtio disk is most of the cost of an op."""
-        if self._staging is None:
-            self._staging = huge_array(len(self.iov) // 3 * BOUNCE_MAX)  # one per scratch slot
-        return self._staging[slot * BOUNCE_MAX : (slot + 1) * BOUNCE_MAX]
+    def release(self, slot: int) -> None:
+        """Free ``slot`` and its staging buffer."""
+        self.staging.give(slot)
+        self.free.append(slot)
 
     @classmethod
-    def of(cls, ring: _uring.Ring, depth: int) -> Self:
+    def of(cls, ring: _uring.Ring, depth: int, budget: int = STAGING_BUDGET) -> Self:
         """The slots kept with ``ring`` (made on first use; one batch uses a ring at a time)."""
         slots = getattr(ring, "short_slots", None)
-        if type(slots) is not cls or slots.depth != depth:
-            slots = cls(ring, depth)
+        if type(slots) is not cls or slots.depth != depth or slots.staging.budget != budget:
+            slots = cls(ring, depth, budget)
             ring.short_slots = slots
         return slots
 
@@ -224,8 +280,9 @@ def read_known(
         bulk = stored // PAGE * PAGE
         inflight[i] = (slot, fd)
         slots.read_into.add(slot)
-        if bulk <= BOUNCE_MAX:
-            addr = address(slots.staging(slot))
+        staged = slots.staging.take(slot, bulk)
+        if staged is not None:
+            addr = address(staged)
         slots.prepare(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk)
         return True
 
@@ -248,7 +305,7 @@ def read_known(
             dst = out if type(out) is np.ndarray else np.frombuffer(out, np.uint8)
             if dst.ndim != 1:
                 dst = dst.reshape(-1)
-            staged = slots.staging(slot)[:bulk] if bulk <= BOUNCE_MAX else None
+            staged = slots.staging.lent(slot)
             h = known.seed.copy()
             if bulk:
                 h.update(dst[:bulk] if staged is None else staged)
@@ -265,7 +322,7 @@ def read_known(
             results[i] = header
             served.append(i)
         finally:
-            slots.free.append(slot)
+            slots.release(slot)
 
     slots.drive(len(paths), start, finish)
     return redo
@@ -310,15 +367,15 @@ def write_blocks(
             tail[n - bulk :] = 0
         inflight[i] = slot
         addr = op.addr
-        if 0 < bulk <= BOUNCE_MAX:
-            staged = slots.staging(slot)
-            staged[:bulk] = np.frombuffer(op.payload, np.uint8, bulk)
+        staged = slots.staging.take(slot, bulk)
+        if staged is not None:
+            staged[:] = np.frombuffer(op.payload, np.uint8, bulk)
             addr = address(staged)
         slots.prepare(i, slot, _uring.OP_WRITEV, op.fd, addr, bulk, n > bulk)
         return True
 
     def finish(i: int, res: int) -> None:
-        slots.free.append(inflight.pop(i))
+        slots.release(inflight.pop(i))
         publish(i, res)
 
     slots.drive(n, start, finish)
@@ -374,10 +431,11 @@ def seed_of(head: bytes) -> xxhash.xxh3_64:
 
 
 __all__ = [
-    "BOUNCE_MAX",
+    "STAGING_BUDGET",
     "Known",
     "RawHeaders",
     "Slots",
+    "Staging",
     "WriteOp",
     "buffer_address",
     "read_known",

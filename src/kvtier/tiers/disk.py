@@ -113,6 +113,7 @@ _OPTIONS = (
     "admit_after",
     "io",
     "depth",
+    "staging",
     "direct",
     "sync",
     "dirsync",
@@ -166,6 +167,7 @@ class DiskTier(Tier):
         admit_after: int = 1,
         io: str = "auto",
         depth: int = 8,
+        staging: int = _short.STAGING_BUDGET,
         direct: bool | None = None,
         sync: bool = True,
         recycle: bool = True,
@@ -197,6 +199,9 @@ class DiskTier(Tier):
         if refusal:
             self._note(refusal)
         self._oflags = _O_DIRECT if self.direct else 0
+        if staging < 0:
+            raise ConfigError(f"disk tier staging budget must be 0 or more, got {staging}")
+        self.staging = staging
         self.io: IOBackend = make_backend(io, depth)
         self.ioengine = self.io.ioengine
         self._notify_evicted_many(self._scan())
@@ -204,8 +209,8 @@ class DiskTier(Tier):
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> DiskTier:
         """``file:///path?size=200GiB[&eviction=lru|arc|cost][&admit_after=N]
-        [&io=threads|uring|auto][&depth=N][&direct=auto|1|0][&sync=1|0][&dirsync=0|1]
-        [&recycle=1|0]``."""
+        [&io=threads|uring|auto][&depth=N][&staging=96MiB][&direct=auto|1|0][&sync=1|0]
+        [&dirsync=0|1][&recycle=1|0]``."""
         opts = url.options
         if url.netloc not in ("", "localhost"):
             raise ConfigError(f"file:// tier URL names host {url.netloc!r}; use file:///abs/path")
@@ -224,6 +229,7 @@ class DiskTier(Tier):
             admit_after=int_opt(opts, "admit_after", 1),
             io=opts.get("io", "auto"),
             depth=int_opt(opts, "depth", 8),
+            staging=parse_size(opts.get("staging") or str(_short.STAGING_BUDGET)),
             direct=tristate(opts.get("direct", "auto"), "direct"),
             sync=tristate(opts.get("sync", "1"), "sync") is not False,
             recycle=tristate(opts.get("recycle", "1"), "recycle") is not False,
@@ -456,7 +462,7 @@ class DiskTier(Tier):
         ring = io.take_ring()
         try:
             redo = _short.read_known(
-                _short.Slots.of(ring, io.depth),
+                _short.Slots.of(ring, io.depth, self.staging),
                 [path(keys[i]) for i in short],
                 knowns,
                 [outs[i] for i in short],
@@ -751,7 +757,8 @@ class DiskTier(Tier):
 
         ring = io.take_ring()
         try:
-            _short.write_blocks(_short.Slots.of(ring, io.depth), len(short), setup, publish)
+            slots = _short.Slots.of(ring, io.depth, self.staging)
+            _short.write_blocks(slots, len(short), setup, publish)
         finally:
             io.give_ring(ring)
         if errors:

@@ -129,6 +129,7 @@ _OPTIONS = (
     "admit_after",
     "io",
     "depth",
+    "staging",
     "direct",
     "sync",
     "rescan",
@@ -158,7 +159,6 @@ class _File:
 
 
 _SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
-BOUNCE_MAX = _short.BOUNCE_MAX  # payloads up to this size move through huge-page staging
 
 
 class _Slots(_short.Slots):
@@ -238,6 +238,7 @@ class SlabTier(Tier):
         admit_after: int = 1,
         io: str = "auto",
         depth: int = 8,
+        staging: int = _short.STAGING_BUDGET,
         direct: bool | None = None,
         sync: bool = True,
         rescan: float = 0.05,
@@ -278,6 +279,9 @@ class SlabTier(Tier):
         self._oflags = _O_CLOEXEC | (_O_DIRECT if self.direct else 0)
         self._zero = self._pool.take(PAGE)
         self._zero[:] = 0
+        if staging < 0:
+            raise ConfigError(f"slab tier staging budget must be 0 or more, got {staging}")
+        self.staging = staging
         self.io: IOBackend = make_backend(io, depth)
         self.ioengine = self.io.ioengine
         self._closed = False
@@ -286,7 +290,8 @@ class SlabTier(Tier):
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> SlabTier:
         """``slab:///path?size=200GiB[&slot=260KiB][&eviction=lru|arc|cost][&admit_after=N]
-        [&io=threads|uring|auto][&depth=N][&direct=auto|1|0][&sync=1|0][&rescan=seconds]``."""
+        [&io=threads|uring|auto][&depth=N][&staging=96MiB][&direct=auto|1|0][&sync=1|0]
+        [&rescan=seconds]``."""
         opts = url.options
         if url.netloc not in ("", "localhost"):
             raise ConfigError(f"slab:// tier URL names host {url.netloc!r}; use slab:///abs/path")
@@ -310,6 +315,7 @@ class SlabTier(Tier):
             admit_after=int_opt(opts, "admit_after", 1),
             io=opts.get("io", "auto"),
             depth=int_opt(opts, "depth", 8),
+            staging=parse_size(opts.get("staging") or str(_short.STAGING_BUDGET)),
             direct=tristate(opts.get("direct", "auto"), "direct"),
             sync=tristate(opts.get("sync", "1"), "sync") is not False,
             rescan=rescan,
@@ -868,7 +874,7 @@ class SlabTier(Tier):
         errors: list[Exception] = []
         direct = self.direct
         ring = io.take_ring()
-        slots = _Slots.of(ring, io.depth)
+        slots = _Slots.of(ring, io.depth, self.staging)
         scratch = slots.scratch
 
         def start(j: int) -> bool:
@@ -900,9 +906,9 @@ class SlabTier(Tier):
                 tail[: n - bulk] = np.frombuffer(stored, np.uint8, n - bulk, bulk)
                 tail[n - bulk :] = 0
             inflight[j] = (slot, entry, meta.value, PAGE + align_up(n))
-            if 0 < bulk <= BOUNCE_MAX:  # from huge-page staging: one device segment
-                staged = slots.staging(slot)
-                staged[:bulk] = np.frombuffer(stored, np.uint8, bulk)
+            staged = slots.staging.take(slot, bulk)  # huge pages: few device segments
+            if staged is not None:
+                staged[:] = np.frombuffer(stored, np.uint8, bulk)
                 addr = address(staged)
             slots.prepare_at(
                 j, slot, _uring.OP_WRITEV, entry.file.fd, addr, bulk, n > bulk, entry.offset
@@ -911,7 +917,7 @@ class SlabTier(Tier):
 
         def finish(j: int, res: int) -> None:
             slot, entry, value, expected = inflight.pop(j)
-            slots.free.append(slot)
+            slots.release(slot)
             i = todo[j]
             try:
                 results[i] = self._commit(items[i][0], entry, res, expected, value)
@@ -952,7 +958,7 @@ class SlabTier(Tier):
         inflight: dict[int, int] = {}
         served: list[bytes] = []
         ring = io.take_ring()
-        slots = _Slots.of(ring, io.depth)
+        slots = _Slots.of(ring, io.depth, self.staging)
         scratch = slots.scratch
 
         def start(j: int) -> bool:
@@ -962,8 +968,9 @@ class SlabTier(Tier):
             slot = slots.free.pop()
             inflight[j] = slot
             slots.read_into.add(slot)
-            if bulk <= BOUNCE_MAX:  # into huge-page staging: one device segment, not 64+
-                addr = address(slots.staging(slot))
+            staged = slots.staging.take(slot, bulk)  # huge pages: few device segments
+            if staged is not None:
+                addr = address(staged)
             slots.prepare_at(
                 j, slot, _uring.OP_READV, entry.file.fd, addr, bulk, stored > bulk, entry.offset
             )
@@ -983,7 +990,7 @@ class SlabTier(Tier):
                     dst = out if type(out) is np.ndarray else np.frombuffer(out, np.uint8)
                     if dst.ndim != 1:
                         dst = dst.reshape(-1)
-                    staged = slots.staging(slot)[:bulk] if bulk <= BOUNCE_MAX else None
+                    staged = slots.staging.lent(slot)
                     h = entry.seed.copy()
                     if bulk:
                         h.update(dst[:bulk] if staged is None else staged)
@@ -1004,7 +1011,7 @@ class SlabTier(Tier):
                     elif current:
                         rest.append(i)
             finally:
-                slots.free.append(slot)
+                slots.release(slot)
 
         try:
             slots.drive(len(todo), start, finish)

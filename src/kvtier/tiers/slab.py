@@ -162,14 +162,7 @@ _SLOT = _short.SLOT  # ring scratch per op: a header page and a tail page
 
 
 class _Slots(_short.Slots):
-    """``_short``'s ring scratch slots, each op at its own file offset (a slot of a slab).
-
-    Eager: while the ring has room an op goes to the kernel as soon as it is prepared, so a
-    batch's first write does not wait for the hashing of the next ones (each request of a
-    burst starts on an idle device).
-    """
-
-    eager = True
+    """``_short``'s ring scratch slots, each op at its own file offset (a slot of a slab)."""
 
     def prepare_at(
         self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool, at: int

@@ -34,22 +34,23 @@ requests at depth 1, and at 256 KiB, depth 8, uring spent 160-230 us of CPU per 
 270-390 us for threads (alternating passes), hence the default. Reads of a key parse its
 header once (later reads compare the 128 bytes); the checksum is verified on every read.
 Batches on io_uring take a short path (``_short``): raw writes, and reads of raw blocks whose
-header the tier holds (it wrote or read them), move ``[header page][payload straight from or
-into the caller's buffer][tail page]`` through slots kept with the ring, prepared up to
-``depth`` ops ahead, and check a read by comparing its header bytes and hashing the payload in
-place from a seeded xxh3; anything unusual (short read, other header, bad checksum, odd
-buffer) is redone by the general path, which raises the precise error. At 256 KiB, depth 4-16
-this halved the CPU of a read (~170 to ~80 us per block) and cut a write's by 10-20%.
+header the tier holds (it wrote or read them), move ``[header page][payload][tail page]``
+through slots kept with the ring, the payload through the ring's huge-page staging
+(``staging=`` bytes, 96 MiB by default) while it has room, else straight from or into the
+caller's buffer; ops go to the kernel as soon as they are prepared, up to ``depth`` ops ahead,
+and a read is checked by comparing its header bytes and hashing the payload from a seeded xxh3;
+anything unusual (short read, other header, bad checksum, odd buffer) is redone by the general
+path, which raises the precise error.
 
 Against fio (``kvtier bench storage``: fio with the tier's engine, per-block files, O_DIRECT,
-O_DSYNC like the tier, same depth), medians of three runs on the same VM (each a median of 3
-repeats; load average 1.3-3.4 from another user's jobs; depths 1/4/16): default 5.6 MiB blocks
-write 0.84/0.74/0.73x, read 0.95/1.17/1.05x; 1 MiB write 0.57/0.73/0.88x, read 0.91/1.01/1.11x;
-256 KiB write 0.62/0.78/0.94x, read 0.78/0.82/0.94x (before the short path, one run: 256 KiB
-write 1.00/0.60/0.53x, read 0.75/0.49/0.68x). Single runs moved by up to 0.4 either way (fio's
-own rates by 2x). A write still pays per-block file work fio does not (fio opens its files
-before the clock): open, a lease check, the checksum and a rename, ~150-200 us of CPU per
-256 KiB block against ~60-130 for fio, so with the two cores busy small-block writes trail fio.
+O_DSYNC like the tier, same depth, kvtier and fio taking turns in 8 slices per pass), one
+round of 3 repeats on the dev VM at 6812d1b (virtio disk, ext4, 2 cores, load average 0.8-1.3),
+depths 1/4/16: 256 KiB write 0.64/0.91/0.83x, read 1.09/1.68/1.77x; 1 MiB write
+1.10/1.23/1.55x, read 1.92/1.92/2.22x; 5.6 MiB write 1.29/1.30/1.01x, read 2.18/1.77/1.51x.
+A write pays per-block file work fio does not (fio opens its files before the clock): open, a
+lease check and a rename on top of the checksum, ~250 us of CPU per 256 KiB block at depth 1
+against a device op of ~450 us, so small writes at depth 1 trail fio (0.61x the round before);
+``slab://``, the default disk layout, has no per-block open, lease or rename.
 """
 
 from __future__ import annotations

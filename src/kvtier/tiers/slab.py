@@ -47,28 +47,32 @@ I/O: ``io=uring`` (the default where io_uring can be set up, else ``threads``). 
 ring take a short path: ``_short``'s scratch slots (a header and a tail page per op, kept with
 the ring), each op at its slot's offset and handed to the kernel as soon as it is prepared
 while the ring has room; reads of raw blocks into page-aligned buffers compare the 128 header
-bytes with the indexed ones and hash the payload from a seeded xxh3. Payloads up to
-``BOUNCE_MAX`` (1 MiB) move through the ring's staging, ``3 x depth`` MiB on transparent huge
-pages mapped on first use: the device then reads or writes one physically contiguous range
-instead of a page list (65 segments for 256 KiB from a caller's 4 KiB pages), which on the dev
-VM's virtio disk is most of the cost of an op. A read is checked in staging before it is copied
-into the caller's buffer; a write is copied in (~20 us per 256 KiB) before it is queued.
-Measured (``kvtier bench storage --block-size 256KiB``, depths 1/4/16): reads 0.77/0.84x fio
-at depths 1/4 before, 1.36/1.35/1.65x and 1.27/1.58/1.37x after; A/B of writes alternating six
-times, 256 KiB: 0.72 -> 0.76 GB/s at depth 1, 1.16 -> 1.32 at depth 4. Other codecs,
+bytes with the indexed ones and hash the payload from a seeded xxh3. Payloads move through the
+ring's staging (``_short.Staging``: ``staging=`` bytes a ring, 96 MiB by default, on
+transparent huge pages mapped on first use) while it has a free buffer: the device then reads
+or writes one physically contiguous range per 2 MiB instead of a page list (65 segments for
+256 KiB from a caller's 4 KiB pages, ~1,440 for 5.6 MiB), which on the dev VM's virtio disk is
+most of the cost of an op. A read is checked in staging before it is copied into the caller's
+buffer; a write is copied in (~20 us per 256 KiB) before it is queued. Measured (``kvtier bench
+storage``, depths 1/4/16): 256 KiB reads 0.77/0.84x fio at depths 1/4 before, 1.36/1.35/1.65x
+after; 5.6 MiB (payloads over 1 MiB were not staged at first) writes 0.88/0.80/0.82x unstaged
+against 1.20/1.14/1.06x staged, reads 1.12/1.11/1.00x against 2.27/2.08/1.52x (``staging=0``
+and the default, one run). Other codecs,
 unaligned buffers and failed checks take the general path (``_io`` backends, pool buffers),
 which raises the precise error.
 
 The default disk layout of ``kvtier run``, ``calibrate`` and ``bench`` (``file://`` keeps one
 file per block). Against fio on one preallocated file (``kvtier bench storage``: same block
 file size, depth, io_uring, O_DIRECT, O_DSYNC; requests of a 32k-token prefix; kvtier and fio
-taking turns in 8 slices per pass), one run of 3 repeats on the dev VM (virtio disk, ext4, 2
-cores, load average 0.7-1.8), depths 1/4/16: 256 KiB write 1.00/0.89/1.11x, read
-1.52/1.58/1.74x; 1 MiB write 1.13/1.18/1.40x, read 1.90/1.83/1.93x; 5.6 MiB write
-0.92/0.92/0.91x, read 1.02/1.41/1.02x. Requests of 1-4 rounds of the queue (16 blocks at depth
-4) read 0.80-0.83x at depth 4 before the staging: the queue drains at the end of every request,
-which fio's never does. The xxh3 of a block that is not in cache costs ~50 us per 256 KiB
-(~200 us per MiB) of CPU that fio does not spend.
+taking turns in 8 slices per pass), two rounds of 3 repeats on the dev VM at 43a8a1d and
+6812d1b (virtio disk, ext4, 2 cores, load average 0.8-1.5), depths 1/4/16: 256 KiB write
+0.93-1.02/0.98-1.11/1.16x, read 1.35-1.48/1.71-1.72/1.83-1.87x; 1 MiB write
+1.28-1.36/1.27-1.32/1.55-1.57x, read 2.05-2.10/1.83-1.85/2.21-2.33x; 5.6 MiB write
+1.55/1.26-1.45/1.00-1.23x, read 2.09-2.42/2.07-2.17/1.90-1.96x. fio's buffers are its own
+(4 KiB pages); the ratios above 1 are the staging's doing. Requests of 1-4 rounds of the
+queue (16 blocks at depth 4) read 0.80-0.83x at depth 4 before the staging: the queue drains
+at the end of every request, which fio's never does. The xxh3 of a block that is not in cache
+costs ~50 us per 256 KiB (~200 us per MiB) of CPU that fio does not spend.
 """
 
 from __future__ import annotations

@@ -89,6 +89,24 @@ def test_recently_touched_block_outlives_an_untouched_one(name):
     assert k(0) in cache.held and k(1) not in cache.held
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_touch_many_is_touch_in_order(name):
+    rng = random.Random(7)
+    one, many = make_policy(name), make_policy(name)
+    for policy in (one, many):
+        for i in range(20):
+            policy.insert(k(i), 100 + i, float(i % 3))
+    reads = [k(rng.randrange(25)) for _ in range(60)]  # some keys it does not hold
+    for key in reads:
+        one.touch(key)
+    many.touch_many(iter(reads))
+    for _ in range(20):  # the same victims, in the same order
+        victim = one.victim()
+        assert many.victim() == victim
+        one.remove(victim)
+        many.remove(victim)
+
+
 def test_lru_evicts_in_order_of_last_use():
     cache = BlockCounter(LRU(), capacity=3)
     for i in (1, 2, 3, 1, 4, 5):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
-from kvtier.codec import HEADER_SIZE, BlockError
+from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, BufferTooSmallError
 from kvtier.errors import ConfigError
 from kvtier.specs import MiB
 from kvtier.testing.tier_conformance import (
@@ -90,6 +94,55 @@ def test_the_c_read_path_is_built_and_used():
     assert memory._native_get1(tier._index, key, np.zeros(20_001, np.uint8), []) is None
     tier.block_views(key)[0][40] ^= 1  # a changed header: never served by the C path
     assert memory._native_get1(tier._index, key, out, tier._touched) is None
+
+
+def test_the_c_entry_serves_one_block_and_hands_the_rest_to_python():
+    from kvtier.tiers import memory
+
+    assert memory._native_get_many is not None
+    tier = MemoryTier(NS_A, 8 * MiB, pin=False, native=True)
+    assert type(tier.get_many_into) is functools.partial  # the C entry, not the Python method
+    keys = [make_key(i) for i in range(3)]
+    assert all(tier.put_many([(k, make_payload(k, 1, 9_000), BlockMeta()) for k in keys]))
+    outs = [np.zeros(9_000, np.uint8) for _ in keys]
+    [header] = tier.get_many_into(keys[:1], outs[:1])  # in C
+    assert header.raw_len == 9_000 and check_payload(outs[0], 9_000, keys[0]) == 1
+    got = tier.get_many_into(keys, outs)  # several blocks: the Python method
+    assert all(type(h) is BlockHeader for h in got)
+    assert [check_payload(o, 9_000, k) for o, k in zip(outs, keys, strict=True)] == [1, 1, 1]
+    assert tier.get_many_into((keys[1],), (outs[1],))[0].raw_len == 9_000  # tuples: Python
+    assert tier.get_many_into([make_key(9)], [outs[0]]) == [None]  # a miss
+    with pytest.raises(BufferTooSmallError):  # raised through the C entry, as in Python
+        tier.get_many_into([keys[0]], [np.zeros(10, np.uint8)])
+    with pytest.raises(ValueError):
+        tier.get_many_into(keys, outs[:2])
+
+
+def test_unlocked_reads_reach_the_policy_and_the_queue_stays_bounded():
+    from kvtier.tiers import memory
+
+    tier = MemoryTier(NS_A, 8 * 4096, slot_size=4096 + 4096, pin=False)  # 4 blocks
+    keys = [make_key(i) for i in range(5)]
+    assert all(tier.put_many([(k, make_payload(k, 1, 4096), BlockMeta()) for k in keys[:4]]))
+    out = np.zeros(4096, np.uint8)
+    for _ in range(memory._TOUCH_MAX + 5):  # the oldest block is read most recently
+        assert type(tier.get_many_into([keys[0]], [out])[0]) is BlockHeader
+    assert len(tier._touched) <= memory._TOUCH_MAX  # a reader drained the queue
+    assert tier.get_many_into([keys[0]], [out])  # one more read left in the queue
+    assert tier.put(keys[4], make_payload(keys[4], 1, 4096))  # evicts: the policy saw the reads
+    assert tier.contains(keys[0]) and not tier.contains(keys[1])
+
+
+def test_a_dropped_tier_is_freed_without_the_cycle_collector():
+    tier = MemoryTier(NS_A, 8 * MiB, pin=False)
+    assert tier.put(make_key(1), b"x" * 5000)
+    gone = weakref.ref(tier)
+    gc.disable()
+    try:
+        del tier
+        assert gone() is None  # no reference cycle holds it (or its arena)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(

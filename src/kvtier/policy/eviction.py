@@ -30,6 +30,10 @@ class EvictionPolicy(Protocol):
         """The block was read."""
         ...
 
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        """The blocks were read, in this order (keys the policy does not hold are skipped)."""
+        ...
+
     def remove(self, key: bytes) -> None:
         """The block left the tier (evicted or deleted)."""
         ...
@@ -54,6 +58,13 @@ class LRU:
     def touch(self, key: bytes) -> None:
         if key in self._order:
             self._order.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        order = self._order
+        move = order.move_to_end
+        for key in keys:
+            if key in order:
+                move(key)
 
     def remove(self, key: bytes) -> None:
         self._order.pop(key, None)
@@ -107,6 +118,10 @@ class ARC:
             self._t2[key] = None
         elif key in self._t2:
             self._t2.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self.touch(key)
 
     def remove(self, key: bytes) -> None:
         evicted = key == self._named
@@ -174,6 +189,10 @@ class CostAware:
         entry = self._entries.get(key)
         if entry is not None:
             self._push(key, entry[2], entry[3])
+
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self.touch(key)
 
     def remove(self, key: bytes) -> None:
         entry = self._entries.pop(key, None)

@@ -17,18 +17,15 @@
 
 static PyObject *s_whole, *s_freed, *s_head, *s_header_bytes, *s_header, *s_append;
 
+/* [header] on success, None where the Python path decides, NULL with an exception set. */
 static PyObject *
-get1(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+fast_one(PyObject *index, PyObject *key, PyObject *out, PyObject *touched)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "get1(index, key, out, touched) takes 4 arguments");
+    if (!PyDict_Check(index)) {
+        PyErr_SetString(PyExc_TypeError, "_fastget: index must be a dict");
         return NULL;
     }
-    if (!PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "get1: index must be a dict");
-        return NULL;
-    }
-    PyObject *block = PyDict_GetItemWithError(args[0], args[1]);
+    PyObject *block = PyDict_GetItemWithError(index, key);
     if (block == NULL) {
         if (PyErr_Occurred())
             return NULL;
@@ -46,7 +43,7 @@ get1(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer src, dst;
     if (PyObject_GetBuffer(whole, &src, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
-    if (PyObject_GetBuffer(args[2], &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();  /* not a writable contiguous buffer: the Python path decides */
         PyBuffer_Release(&src);
         result = Py_NewRef(Py_None);
@@ -82,7 +79,7 @@ get1(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = Py_NewRef(Py_None);
         goto release;
     }
-    PyObject *appended = PyObject_CallMethodOneArg(args[3], s_append, args[1]);
+    PyObject *appended = PyObject_CallMethodOneArg(touched, s_append, key);
     if (appended == NULL)
         goto release;
     Py_DECREF(appended);
@@ -104,9 +101,68 @@ done:
     return result;
 }
 
+static PyObject *
+get1(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "get1(index, key, out, touched) takes 4 arguments");
+        return NULL;
+    }
+    return fast_one(args[0], args[1], args[2], args[3]);
+}
+
+/* get_many(index, touched, touch_max, drain, slow, keys, outs): a whole get_many_into call.
+ * A one-block request the fast path serves returns [header] (calling drain() once touched
+ * holds more than touch_max keys); anything else returns slow(keys, outs). Bound with
+ * functools.partial as the tier's get_many_into, so a one-block read runs no Python at all. */
+static PyObject *
+get_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "get_many(index, touched, touch_max, drain, slow, keys, outs) takes 7 "
+                        "arguments");
+        return NULL;
+    }
+    PyObject *touched = args[1], *keys = args[5], *outs = args[6];
+    if (PyList_CheckExact(keys) && PyList_CheckExact(outs) && PyList_GET_SIZE(keys) == 1
+        && PyList_GET_SIZE(outs) == 1) {
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, 0));  /* the GIL is let go meanwhile */
+        PyObject *out = Py_NewRef(PyList_GET_ITEM(outs, 0));
+        PyObject *got = fast_one(args[0], key, out, touched);
+        Py_DECREF(key);
+        Py_DECREF(out);
+        if (got != Py_None) {
+            if (got != NULL) {
+                Py_ssize_t queued = PyObject_Length(touched);
+                Py_ssize_t most = PyLong_AsSsize_t(args[2]);
+                if (queued < 0 || (most == -1 && PyErr_Occurred())) {
+                    Py_DECREF(got);
+                    return NULL;
+                }
+                if (queued > most) {
+                    PyObject *done = PyObject_CallNoArgs(args[3]);
+                    if (done == NULL) {
+                        Py_DECREF(got);
+                        return NULL;
+                    }
+                    Py_DECREF(done);
+                }
+            }
+            return got;
+        }
+        Py_DECREF(got);
+    }
+    PyObject *both[2] = {keys, outs};
+    return PyObject_Vectorcall(args[4], both, 2, NULL);
+}
+
 static PyMethodDef methods[] = {
     {"get1", (PyCFunction)(void (*)(void))get1, METH_FASTCALL,
      "get1(index, key, out, touched) -> [header] | None: the memory tier's one-block read."},
+    {"get_many", (PyCFunction)(void (*)(void))get_many, METH_FASTCALL,
+     "get_many(index, touched, touch_max, drain, slow, keys, outs): get_many_into, one-block "
+     "reads in C, the rest through slow(keys, outs)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -167,6 +167,21 @@ class Slots:
         self.ready: deque[tuple[int, int, int, int, int]] = deque()  # prepared ops
         self.staging = Staging(n, budget)
 
+    def stage_read(self, slot: int, bulk: int, addr: int) -> int:
+        """Where ``slot``'s read of ``bulk`` payload bytes lands: a staging buffer, else
+        ``addr`` (the caller's buffer)."""
+        staged = self.staging.take(slot, bulk)
+        return addr if staged is None else address(staged)
+
+    def stage_write(self, slot: int, payload, bulk: int, addr: int) -> int:
+        """Where ``slot``'s write of ``payload``'s first ``bulk`` bytes comes from: their copy in
+        a staging buffer, else ``addr`` (the caller's buffer)."""
+        staged = self.staging.take(slot, bulk)
+        if staged is None:
+            return addr
+        staged[:] = np.frombuffer(payload, np.uint8, bulk)
+        return address(staged)
+
     def release(self, slot: int) -> None:
         """Free ``slot`` and its staging buffer."""
         self.staging.give(slot)
@@ -279,9 +294,7 @@ def read_known(
         bulk = stored // PAGE * PAGE
         inflight[i] = (slot, fd)
         slots.read_into.add(slot)
-        staged = slots.staging.take(slot, bulk)
-        if staged is not None:
-            addr = address(staged)
+        addr = slots.stage_read(slot, bulk, addr)
         slots.prepare(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk)
         return True
 
@@ -365,11 +378,7 @@ def write_blocks(
             tail[: n - bulk] = np.frombuffer(op.payload, np.uint8, n - bulk, bulk)
             tail[n - bulk :] = 0
         inflight[i] = slot
-        addr = op.addr
-        staged = slots.staging.take(slot, bulk)
-        if staged is not None:
-            staged[:] = np.frombuffer(op.payload, np.uint8, bulk)
-            addr = address(staged)
+        addr = slots.stage_write(slot, op.payload, bulk, op.addr)
         slots.prepare(i, slot, _uring.OP_WRITEV, op.fd, addr, bulk, n > bulk)
         return True
 

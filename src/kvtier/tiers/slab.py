@@ -903,10 +903,7 @@ class SlabTier(Tier):
                 tail[: n - bulk] = np.frombuffer(stored, np.uint8, n - bulk, bulk)
                 tail[n - bulk :] = 0
             inflight[j] = (slot, entry, meta.value, PAGE + align_up(n))
-            staged = slots.staging.take(slot, bulk)  # huge pages: few device segments
-            if staged is not None:
-                staged[:] = np.frombuffer(stored, np.uint8, bulk)
-                addr = address(staged)
+            addr = slots.stage_write(slot, stored, bulk, addr)  # huge pages: few segments
             slots.prepare_at(
                 j, slot, _uring.OP_WRITEV, entry.file.fd, addr, bulk, n > bulk, entry.offset
             )
@@ -965,9 +962,7 @@ class SlabTier(Tier):
             slot = slots.free.pop()
             inflight[j] = slot
             slots.read_into.add(slot)
-            staged = slots.staging.take(slot, bulk)  # huge pages: few device segments
-            if staged is not None:
-                addr = address(staged)
+            addr = slots.stage_read(slot, bulk, addr)  # huge pages: few device segments
             slots.prepare_at(
                 j, slot, _uring.OP_READV, entry.file.fd, addr, bulk, stored > bulk, entry.offset
             )

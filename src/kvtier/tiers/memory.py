@@ -39,12 +39,13 @@ released 0.93/0.58/0.71x; 1 MiB held 1.09/0.60/0.71x, released 1.02/0.75/0.78x.
 With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
 host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
 
-``kvtier bench storage`` against ``numpy.copyto`` between preallocated buffers on as many
-threads, one run of 3 repeats on the dev VM (2 cores, load average 0.3-1.5), 1/4/16 threads:
-256 KiB 1.04/0.63/1.02x, 1 MiB 1.03/0.91/0.82x, the default 5.6 MiB blocks 1.11/0.92/0.90x.
-The fixed cost of an unlocked read is ~2 us (one thread, 4 KiB blocks, through
-``get_many_into``); at 256 KiB on 4 threads the plain copy runs two copies at once on the two
-cores while the tier, holding the GIL or queueing for it, mostly runs one.
+The Python path alone (before the C path existed), ``kvtier bench storage`` against
+``numpy.copyto`` between preallocated buffers on as many threads, one run of 3 repeats on the
+dev VM (2 cores, load average 0.3-1.5), 1/4/16 threads: 256 KiB 1.04/0.63/1.02x, 1 MiB
+1.03/0.91/0.82x, the default 5.6 MiB blocks 1.11/0.92/0.90x. Its fixed cost per unlocked read
+was ~2 us (one thread, 4 KiB blocks, through ``get_many_into``); at 256 KiB on 4 threads the
+plain copy ran two copies at once on the two cores while the tier, holding the GIL or queueing
+for it, mostly ran one.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ GIL_COPY_MAX = 256 * 1024
 #: (medians of 40 paired passes; 1024 keys take ~0.25 ms to drain).
 _TOUCH_MAX = 1024
 _TOUCH_WAIT = 16 * _TOUCH_MAX  # ... and before a reader waits for the lock to apply them
-# (small: applying them holds the GIL, and a long burst stalls the other readers' copies)
 
 
 @dataclass(slots=True, eq=False)
@@ -235,9 +235,8 @@ class MemoryTier(Tier):
 
     def _drain_soon(self) -> None:
         """Apply the queued recency updates now, unless another thread holds the lock: then
-        it, or a later reader, does (readers queueing behind one drain cost 4 threads a fifth
-        of their rate). Past ``_TOUCH_WAIT`` queued updates a reader waits, to bound the queue.
-        """
+        it, or a later reader, does (readers never queue behind a drain; see ``_TOUCH_MAX``).
+        Past ``_TOUCH_WAIT`` queued updates a reader waits, to bound the queue."""
         lock = self._lock
         if lock.acquire(blocking=len(self._touched) > _TOUCH_WAIT):
             try:
@@ -271,14 +270,7 @@ class MemoryTier(Tier):
     def get_many_into(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) == 1 and len(outs) == 1:  # the common single-block request: no loop
-            get1 = self._get1
-            if get1 is not None:
-                got = get1(self._index, keys[0], outs[0], self._touched)
-                if got is not None:
-                    if len(self._touched) > _TOUCH_MAX:
-                        self._drain_soon()
-                    return got
+        if len(keys) == 1 and len(outs) == 1:  # no loop (with the C entry, it tried C first)
             try:
                 return [self.get_into(keys[0], outs[0])]
             except BlockError as exc:

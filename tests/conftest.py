@@ -28,7 +28,7 @@ def tiny_profile(embedded_fp32_tok, tmp_path_factory):
     Returns its path; it is measured in a second or two (short prefills, few loads), enough for
     tests that need a profile and not its accuracy.
     """
-    from kvtier.run.profile import QuickPlan, obtain_profile
+    from kvtier.engines.profile import QuickPlan, obtain_profile
 
     root = tmp_path_factory.mktemp("tiny-profile")
     urls = [

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from kvtier.run.job import RunConfig, run_job
-from kvtier.run.workload import WorkloadSpec
+from kvtier.workloads.sessions import WorkloadSpec
 
 CHUNK = 32
 

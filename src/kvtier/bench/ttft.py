@@ -438,8 +438,13 @@ class TTFTBench:
         from kvtier.engines.embedded import load_model
         from kvtier.engines.hf import HFEngine, load_all, model_namespace
         from kvtier.engines.kv_layout import KVLayout, chunk_payloads, layers_to_chunks
+        from kvtier.engines.profile import (
+            QuickPlan,
+            break_even,
+            calibration_namespace,
+            obtain_profile,
+        )
         from kvtier.policy.decision import LoadOrRecompute
-        from kvtier.run.profile import QuickPlan, break_even, calibration_namespace, obtain_profile
         from kvtier.tiers.registry import open_tier
 
         cfg = self.config

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from kvtier.run.workload import WorkloadSpec
+from kvtier.workloads.sessions import WorkloadSpec
 
 _W = WorkloadSpec()
 

@@ -1,11 +1,11 @@
 """The main job: a realistic workload through a real model, with kvtier and recompute-only.
 
 Every request of the workload (chat sessions sharing a system prompt, RAG questions over shared
-documents, agentic sessions pausing for tool calls; see :mod:`kvtier.run.workload`) runs twice,
-back to back on the same token ids: once through an :class:`~kvtier.engines.hf.HFEngine` over a
-:class:`~kvtier.cache.TieredCache` (DRAM, local disk, and any extra tiers) deciding per request
-whether to reload or recompute, once through the same engine without a cache. Greedy decoding
-makes both produce the same answer, which the next turn of the session builds on; the run
+documents, agentic sessions pausing for tool calls; see :mod:`kvtier.workloads.sessions`) runs
+twice, back to back on the same token ids: once through an :class:`~kvtier.engines.hf.HFEngine`
+over a :class:`~kvtier.cache.TieredCache` (DRAM, local disk, and any extra tiers) deciding per
+request whether to reload or recompute, once through the same engine without a cache. Greedy
+decoding makes both produce the same answer, which the next turn of the session builds on; the run
 checks that they do.
 
 Between the two runs of a request the cache's queued writes are flushed, so the recompute-only
@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvtier.errors import ConfigError
-from kvtier.run.admission import REUSE_PRIORS, HintedAdmission, ReuseHints, chunk_values
-from kvtier.run.decision import LoggedDecision, QueueProbe, decision_entry, judge
-from kvtier.run.online import RefinedCompute
-from kvtier.run.profile import (
+from kvtier.cache.hints import ReuseHints
+from kvtier.cost.online import RefinedCompute
+from kvtier.engines.profile import (
     ProfileInfo,
     QuickPlan,
     break_even,
@@ -33,8 +31,11 @@ from kvtier.run.profile import (
     obtain_profile,
     roomy,
 )
+from kvtier.errors import ConfigError
+from kvtier.policy.reuse import REUSE_PRIORS, HintedAdmission, chunk_values
+from kvtier.run.decision import LoggedDecision, QueueProbe, decision_entry, judge
 from kvtier.run.report import RequestResult, RunReport
-from kvtier.run.workload import WorkloadSpec, build_sessions, interleave
+from kvtier.workloads.sessions import WorkloadSpec, build_sessions, interleave
 
 DEFAULT_DIR = Path(".kvtier") / "run"
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kvtier.cost.calibration import CalibrationProfile, TierFit, TransferFit
-from kvtier.run.profile import QuickPlan, break_even, match_tiers, mismatch, obtain_profile
+from kvtier.engines.profile import QuickPlan, break_even, match_tiers, mismatch, obtain_profile
 
 
 class _Named:
@@ -75,7 +75,7 @@ def test_loaded_profile_gets_missing_tiers_measured(tiny_profile, embedded_fp32_
 
 
 def test_context_samples_fill_only_what_the_profile_lacks(embedded_fp32_tok):
-    from kvtier.run.profile import context_samples
+    from kvtier.engines.profile import context_samples
 
     have = [(16, 0, 0.01), (64, 0, 0.03), (16, 64, 0.01)]
     plan = QuickPlan(context_tokens=(256,), full_tokens=(128,), context_new=(8,), repeats=1)
@@ -87,7 +87,7 @@ def test_context_samples_fill_only_what_the_profile_lacks(embedded_fp32_tok):
 
 
 def test_calibration_copies_of_small_tiers_get_room():
-    from kvtier.run.profile import roomy
+    from kvtier.engines.profile import roomy
     from kvtier.tiers.base import TierURL
 
     url = roomy("memory://?size=8MiB&name=dram", 100 << 20)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.cost.calibration import PrefillFit
-from kvtier.run.online import RefinedCompute, robust_prefill_fit
+from kvtier.cost.online import RefinedCompute, robust_prefill_fit
 
 TRUE = PrefillFit(a=0.002, b=1.3e-2, c=1e-7, d=3e-5, e=8e-7)
 POINTS = [

@@ -1,24 +1,25 @@
 """Admission per workload: a block goes to a slow tier only if its expected reuse repays the store.
 
-Before a request the runner tells :class:`ReuseHints` what each chunk of the prompt is worth:
-its expected number of future reuses (a prior per workload kind and prompt region, see
-:data:`REUSE_PRIORS`) times the seconds one reuse saves (predicted prefill of the chunk at its
-position minus its reload). :class:`HintedAdmission`, set on a slow tier's
-:class:`~kvtier.cache.TierOptions`, admits a block when that value is at least the tier's cost
-of storing it (its bytes at the tier's calibrated rate). The comparison is
+Before a request the runner records what each chunk of the prompt is worth in a hint store
+(:class:`kvtier.cache.hints.ReuseHints`): its expected number of future reuses (a prior per
+workload kind and prompt region, see :data:`REUSE_PRIORS`) times the seconds one reuse saves
+(predicted prefill of the chunk at its position minus its reload). :class:`HintedAdmission`, set
+on a slow tier's :class:`~kvtier.cache.TierOptions`, admits a block when that value is at least
+the tier's cost of storing it (its bytes at the tier's calibrated rate). The comparison is
 :class:`~kvtier.policy.admission.MinValueAdmission`'s (seconds saved per byte stored).
 
 So the system prompt and shared documents go everywhere, chat and agent history (resumed on the
 next turn) too, while the unique tail of a one-shot RAG question, which nothing will ask for
 again, stays out of the slow tiers (the fast tier still takes it).
+
+Pure objects: no locks, no I/O. The hint store that several threads share lives with the cache.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvtier.errors import ConfigError
 from kvtier.policy.admission import MinValueAdmission
@@ -48,39 +49,12 @@ class ChunkValue:
         return self.reuses * max(self.saved_s, 0.0)
 
 
-class ReuseHints:
-    """Expected value of chunks about to be stored, by key (thread-safe, bounded)."""
-
-    def __init__(self, window: int = 65536):
-        if window < 1:
-            raise ConfigError("ReuseHints needs window >= 1")
-        self.window = window
-        self._values: OrderedDict[bytes, ChunkValue] = OrderedDict()
-        self._last: tuple[ChunkValue, ...] = ()
-        self._lock = threading.Lock()
-
-    def set(self, keys: Sequence[bytes], values: Sequence[ChunkValue]) -> None:
-        """Record the value of each key (the latest hint for a key wins)."""
-        with self._lock:
-            self._last = tuple(values)
-            for key, value in zip(keys, values, strict=True):
-                self._values.pop(key, None)
-                self._values[key] = value
-            while len(self._values) > self.window:
-                self._values.popitem(last=False)
-
-    def value_at(self, index: int) -> float:
-        """Expected seconds saved by chunk ``index`` of the prompt last :meth:`set` (0 if none).
-
-        The engine's ``chunk_value`` hook: stored blocks carry it for cost-aware eviction.
-        """
-        with self._lock:
-            return self._last[index].value_s if 0 <= index < len(self._last) else 0.0
+class HintSource(Protocol):
+    """Where :class:`HintedAdmission` reads the hinted value of a key."""
 
     def get(self, key: bytes) -> ChunkValue | None:
         """The hint for ``key``, or None when none was given."""
-        with self._lock:
-            return self._values.get(key)
+        ...
 
 
 class HintedAdmission:
@@ -90,7 +64,7 @@ class HintedAdmission:
     ``admitted``/``refused`` (per region).
     """
 
-    def __init__(self, hints: ReuseHints, store_s_per_byte: float, store_latency_s: float = 0.0):
+    def __init__(self, hints: HintSource, store_s_per_byte: float, store_latency_s: float = 0.0):
         if store_s_per_byte < 0 or store_latency_s < 0:
             raise ConfigError("store costs cannot be negative")
         self.hints = hints

@@ -1,0 +1,1 @@
+"""Seeded workload generators: the sessions `kvtier run` drives (and, later, the simulator)."""

@@ -22,7 +22,7 @@ plan: $(VENV)/.core
 setup: $(VENV)/.core
 setup-hf: $(VENV)/.hf
 
-$(VENV)/.core: pyproject.toml src/kvtier/tiers/_fastget.c
+$(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -U pip
 	$(PIP) install -e '.[dev,redis,s3]'

@@ -205,7 +205,7 @@ def disk_io_profile(tier: Tier) -> DiskIOProfile | None:
         ioengine=getattr(tier, "ioengine", "psync"),
         direct=bool(getattr(tier, "direct", True)),
         sync=bool(getattr(tier, "sync", False)),
-        # one header page, then the payload padded to whole pages (kvtier.tiers.disk, .slab)
+        # one header page, then the payload padded to whole pages (files.per_block, files.slab)
         file_bytes=lambda n: align + -(-n // align) * align,
         # a slab tier writes slots of one preallocated file: fio writes blocks of one file
         layout="file" if tier.scheme == "slab" else "per-block",

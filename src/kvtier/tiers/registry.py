@@ -9,9 +9,9 @@ from kvtier.tiers.base import Tier, TierURL
 
 # scheme -> (module:class, extra to install, third-party module it needs)
 REGISTRY: dict[str, tuple[str, str | None, str | None]] = {
-    "memory": ("kvtier.tiers.memory:MemoryTier", None, None),
-    "file": ("kvtier.tiers.disk:DiskTier", None, None),
-    "slab": ("kvtier.tiers.slab:SlabTier", None, None),
+    "memory": ("kvtier.tiers.memory.tier:MemoryTier", None, None),
+    "file": ("kvtier.tiers.files.per_block:DiskTier", None, None),
+    "slab": ("kvtier.tiers.files.slab:SlabTier", None, None),
     "redis": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
     "valkey": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
     "s3": ("kvtier.tiers.s3:S3Tier", "s3", "boto3"),

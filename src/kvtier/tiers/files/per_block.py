@@ -81,10 +81,10 @@ from kvtier.codec.container import _CHECKSUM_OFFSET, RAW_META
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
-from kvtier.tiers import _short
 from kvtier.tiers._admission import FrequencyAdmission
-from kvtier.tiers._aligned import PAGE, BufferPool, address
-from kvtier.tiers._blockfile import (
+from kvtier.tiers._options import int_opt, tristate
+from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.files.blockfile import (
     KnownHeader,
     ReadPlan,
     WritePlan,
@@ -93,13 +93,13 @@ from kvtier.tiers._blockfile import (
     plan_read,
     plan_write,
 )
-from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
-from kvtier.tiers._direct import resolve_direct
-from kvtier.tiers._freefiles import FreeFiles, sole_opener, unlink
-from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
-from kvtier.tiers._options import int_opt, tristate
-from kvtier.tiers._short import Known, RawHeaders, WriteOp, buffer_address, seed_of
-from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.files.freefiles import FreeFiles, sole_opener, unlink
+from kvtier.tiers.io import batch as _short
+from kvtier.tiers.io.backends import IOBackend, IOOp, UringIO, make_backend, run_inline
+from kvtier.tiers.io.batch import Known, RawHeaders, WriteOp, buffer_address, seed_of
+from kvtier.tiers.io.buffers import PAGE, BufferPool, address
+from kvtier.tiers.io.direct import O_DIRECT as _O_DIRECT
+from kvtier.tiers.io.direct import resolve_direct
 
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"

@@ -74,14 +74,14 @@ from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
-from kvtier.tiers._aligned import PAGE, align_up
 from kvtier.tiers._options import tristate
-from kvtier.tiers._slab import SlabArena, pinned_available
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.io.buffers import PAGE, align_up
+from kvtier.tiers.memory.arena import SlabArena, pinned_available
 
-try:  # the one-block read in C (src/kvtier/tiers/_fastget.c), built with the package
-    from kvtier.tiers._fastget import get1 as _native_get1
-    from kvtier.tiers._fastget import get_many as _native_get_many
+try:  # the one-block read in C (src/kvtier/tiers/memory/_fastget.c), built with the package
+    from kvtier.tiers.memory._fastget import get1 as _native_get1
+    from kvtier.tiers.memory._fastget import get_many as _native_get_many
 except ImportError:  # not built here: the same path runs in Python
     _native_get1 = _native_get_many = None
 

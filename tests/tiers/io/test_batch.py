@@ -17,11 +17,11 @@ from kvtier.codec import (
     parse_header,
 )
 from kvtier.testing.tier_conformance import NS_A, check_payload, make_key, make_payload
-from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, aligned_array
-from kvtier.tiers._io import uring_available
-from kvtier.tiers._short import RawHeaders, Slots, WriteOp, buffer_address, write_blocks
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.files.per_block import DiskTier
+from kvtier.tiers.io import uring as _uring
+from kvtier.tiers.io.backends import uring_available
+from kvtier.tiers.io.batch import RawHeaders, Slots, WriteOp, buffer_address, write_blocks
+from kvtier.tiers.io.buffers import PAGE, aligned_array
 
 pytestmark = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
 SIZES = (3 * PAGE, 5000, 2 * PAGE + 1)  # whole pages, a tail, one byte past a page

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.tiers import _uring
-from kvtier.tiers._aligned import address
+from kvtier.tiers.io import uring as _uring
+from kvtier.tiers.io.buffers import address
 
 
 @dataclass(slots=True)

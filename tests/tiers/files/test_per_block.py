@@ -25,9 +25,9 @@ from kvtier.testing.tier_conformance import (
     make_payload,
 )
 from kvtier.tiers import open_tier
-from kvtier.tiers._aligned import PAGE, aligned_array
-from kvtier.tiers._io import uring_available
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.files.per_block import DiskTier
+from kvtier.tiers.io.backends import uring_available
+from kvtier.tiers.io.buffers import PAGE, aligned_array
 
 URING = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
 

@@ -39,8 +39,8 @@ import xxhash
 
 from kvtier.codec import BlockHeader, BlockMeta, pack_block
 from kvtier.codec.container import _CHECKSUM_OFFSET, _FMT
-from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, address, aligned_array, huge_array
+from kvtier.tiers.io import uring as _uring
+from kvtier.tiers.io.buffers import PAGE, address, aligned_array, huge_array
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _U8 = np.dtype(np.uint8)

@@ -28,8 +28,8 @@ from kvtier.testing.tier_conformance import (
     read_all_blocks,
     wait_lines,
 )
-from kvtier.tiers._aligned import PAGE
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.files.per_block import DiskTier
+from kvtier.tiers.io.buffers import PAGE
 
 # A writer process: bursts of put_many (keys reused, sizes vary by key), some deletes; it prints
 # the step it finished so the test knows the burst is under way.
@@ -37,7 +37,7 @@ WRITER = r"""
 import sys
 from kvtier.codec import BlockMeta
 from kvtier.testing.tier_conformance import NS_A, make_key, make_payload
-from kvtier.tiers.disk import DiskTier
+from kvtier.tiers.files.per_block import DiskTier
 
 root, base, keys, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 tier = DiskTier(NS_A, root, 256 << 20, io="threads", depth=4)
@@ -181,11 +181,11 @@ def test_readers_never_see_torn_blocks_while_other_processes_write(tmp_path: Pat
 def test_writer_subprocess_uses_this_checkout():
     """The writer script imports kvtier from the same place as the tests do."""
     out = subprocess.run(
-        [sys.executable, "-c", "import kvtier.tiers.disk as d; print(d.__file__)"],
+        [sys.executable, "-c", "import kvtier.tiers.files.per_block as d; print(d.__file__)"],
         capture_output=True,
         text=True,
         check=True,
     )
-    import kvtier.tiers.disk as d
+    import kvtier.tiers.files.per_block as d
 
     assert os.path.samefile(out.stdout.strip(), d.__file__)

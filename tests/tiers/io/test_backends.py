@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.tiers import _uring
-from kvtier.tiers._aligned import PAGE, BufferPool, address, aligned_array, is_aligned
-from kvtier.tiers._freefiles import FreeFiles, sole_opener
-from kvtier.tiers._io import BACKENDS, IOOp, make_backend, run_inline, uring_available
-from kvtier.tiers._slab import SlabArena
+from kvtier.tiers.files.freefiles import FreeFiles, sole_opener
+from kvtier.tiers.io import uring as _uring
+from kvtier.tiers.io.backends import BACKENDS, IOOp, make_backend, run_inline, uring_available
+from kvtier.tiers.io.buffers import PAGE, BufferPool, address, aligned_array, is_aligned
+from kvtier.tiers.memory.arena import SlabArena
 
 URING = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
 

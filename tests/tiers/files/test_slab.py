@@ -27,9 +27,9 @@ from kvtier.testing.tier_conformance import (
     wait_lines,
 )
 from kvtier.tiers import open_tier
-from kvtier.tiers._aligned import PAGE, align_up, aligned_array
-from kvtier.tiers._io import uring_available
-from kvtier.tiers.slab import CLEAN, SlabTier
+from kvtier.tiers.files.slab import CLEAN, SlabTier
+from kvtier.tiers.io.backends import uring_available
+from kvtier.tiers.io.buffers import PAGE, align_up, aligned_array
 
 URING = pytest.mark.skipif(not uring_available(), reason="io_uring is not available here")
 
@@ -190,7 +190,7 @@ WRITER = r"""
 import sys
 from kvtier.codec import BlockMeta
 from kvtier.testing.tier_conformance import NS_A, make_key, make_payload
-from kvtier.tiers.slab import SlabTier
+from kvtier.tiers.files.slab import SlabTier
 
 root, keys, seed, io = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 tier = SlabTier(NS_A, root, 2 << 20, io=io, depth=4, rescan=0.01)

@@ -108,15 +108,16 @@ from kvtier.codec.container import RAW_META, _header_bytes
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import make_policy
 from kvtier.specs import parse_size
-from kvtier.tiers import _short, _uring
 from kvtier.tiers._admission import FrequencyAdmission
-from kvtier.tiers._aligned import PAGE, BufferPool, address, align_up
-from kvtier.tiers._direct import O_DIRECT as _O_DIRECT
-from kvtier.tiers._direct import resolve_direct
-from kvtier.tiers._io import IOBackend, IOOp, UringIO, make_backend, run_inline
 from kvtier.tiers._options import int_opt, tristate
-from kvtier.tiers._short import buffer_address, seed_of
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.io import batch as _short
+from kvtier.tiers.io import uring as _uring
+from kvtier.tiers.io.backends import IOBackend, IOOp, UringIO, make_backend, run_inline
+from kvtier.tiers.io.batch import buffer_address, seed_of
+from kvtier.tiers.io.buffers import PAGE, BufferPool, address, align_up
+from kvtier.tiers.io.direct import O_DIRECT as _O_DIRECT
+from kvtier.tiers.io.direct import resolve_direct
 
 SUFFIX = ".slab"
 CLEAN = ".clean"

@@ -27,7 +27,7 @@ from kvtier.codec import (
     parse_header,
 )
 from kvtier.codec.container import verify_parts
-from kvtier.tiers._aligned import PAGE, BufferPool, align_down, align_up, is_aligned
+from kvtier.tiers.io.buffers import PAGE, BufferPool, align_down, align_up, is_aligned
 
 
 def file_size(stored_len: int) -> int:

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.tiers._aligned import aligned_array
+from kvtier.tiers.io.buffers import aligned_array
 
 CHUNK_BYTES = 64 << 20
 

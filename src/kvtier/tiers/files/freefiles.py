@@ -23,7 +23,7 @@ import fcntl
 import os
 import secrets
 
-from kvtier.tiers._aligned import PAGE
+from kvtier.tiers.io.buffers import PAGE
 
 SUFFIX = ".free"
 

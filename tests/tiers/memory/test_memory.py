@@ -79,8 +79,8 @@ def test_url_options():
 
 
 def test_the_c_read_path_is_built_and_used():
-    """make setup builds src/kvtier/tiers/_fastget.c (gcc is on every machine this runs on)."""
-    from kvtier.tiers import memory
+    """make setup builds tiers/memory/_fastget.c (gcc is on every machine this runs on)."""
+    from kvtier.tiers.memory import tier as memory
 
     assert memory._native_get1 is not None, "the C read path did not build; pip install -e ."
     tier = MemoryTier(NS_A, 4 * MiB, pin=False, native=True)
@@ -97,7 +97,7 @@ def test_the_c_read_path_is_built_and_used():
 
 
 def test_the_c_entry_serves_one_block_and_hands_the_rest_to_python():
-    from kvtier.tiers import memory
+    from kvtier.tiers.memory import tier as memory
 
     assert memory._native_get_many is not None
     tier = MemoryTier(NS_A, 8 * MiB, pin=False, native=True)
@@ -119,7 +119,7 @@ def test_the_c_entry_serves_one_block_and_hands_the_rest_to_python():
 
 
 def test_unlocked_reads_reach_the_policy_and_the_queue_stays_bounded():
-    from kvtier.tiers import memory
+    from kvtier.tiers.memory import tier as memory
 
     tier = MemoryTier(NS_A, 8 * 4096, slot_size=4096 + 4096, pin=False)  # 4 blocks
     keys = [make_key(i) for i in range(5)]

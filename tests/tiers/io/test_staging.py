@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 from kvtier.specs import MiB
-from kvtier.tiers._aligned import HUGE, address
-from kvtier.tiers._short import Staging
+from kvtier.tiers.io.batch import Staging
+from kvtier.tiers.io.buffers import HUGE, address
 
 
 def test_buffers_fit_the_budget_and_come_back():

@@ -1,0 +1,1 @@
+"""Tiers on a local filesystem: the shared ``FileTier`` base, ``file://`` and ``slab://``."""

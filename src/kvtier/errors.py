@@ -23,3 +23,19 @@ class MissingExtraError(KvtierError, ImportError):
         )
         self.extra = extra
         self.module = module
+
+
+class TierPathError(ConfigError):
+    """A directory (or file) given for a tier or an output cannot be used; the message names the
+    path, says why and what to do. ``reason`` is a short tag: ``nul``, ``empty``, ``too-long``,
+    ``not-a-directory``, ``is-a-directory``, ``missing``, ``pseudo-fs``, ``read-only``,
+    ``permission``, ``no-space`` or ``os-error``.
+    """
+
+    def __init__(self, message: str, path: str = "", reason: str = "os-error"):
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.path, self.reason))

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use (fio as the storage reference) when they are missing.
+# Loop-mounted test filesystems (kvtier.testing.mounts) need losetup/mount (mount), mkfs.ext4
+# (e2fsprogs), and root.
 set -euo pipefail
 need=()
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+PATH="$PATH:/usr/sbin:/sbin"
+command -v losetup >/dev/null 2>&1 || need+=(mount)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 if ((${#need[@]})); then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

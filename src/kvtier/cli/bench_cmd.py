@@ -101,7 +101,13 @@ def storage(
     from kvtier.bench.report import storage_json, storage_plot, storage_table
     from kvtier.bench.storage import StorageBench, StorageBenchConfig, default_tier_urls
     from kvtier.specs import parse_size
+    from kvtier.tiers.paths import usable_directory, writable_file
+    from kvtier.tiers.registry import check_tier_url
 
+    if directory is not None:
+        usable_directory(directory, "--dir", keep=False)
+    if plot is not None:
+        writable_file(plot, "--plot")
     size = parse_size(data_size)
     config = StorageBenchConfig(
         tiers=tuple(tier or default_tier_urls(directory, size)),
@@ -119,6 +125,8 @@ def storage(
         lookup=lookup,
         lookup_chunks=lookup_chunks,
     )
+    for url in config.tiers:  # before any tier is opened or data made
+        check_tier_url(url)
     err = Console(stderr=True)
     with Progress(
         TextColumn("[progress.description]{task.description}"),

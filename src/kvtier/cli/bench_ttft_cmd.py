@@ -82,6 +82,10 @@ def ttft(
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvtier.bench.ttft import TTFTBench, TTFTBenchConfig, render
+    from kvtier.tiers.paths import usable_directory
+    from kvtier.tiers.registry import check_tier_url
+
+    usable_directory(directory, "--dir", keep=False)  # before the model loads
 
     config = TTFTBenchConfig(
         model=model,
@@ -99,6 +103,8 @@ def ttft(
         guard=guard,
         exact=exact,
     )
+    for url, _ in config.tier_urls():
+        check_tier_url(url)
     err = Console(stderr=True)
     with Progress(
         TextColumn("[progress.description]{task.description}"),

@@ -73,6 +73,8 @@ def calibrate_command(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvtier.cost.calibration import default_profile_path
+    from kvtier.tiers.paths import usable_directory, writable_file
+    from kvtier.tiers.registry import check_tier_url
 
     try:
         counts = tuple(int(x) for x in load_chunks.replace(" ", "").split(",") if x)
@@ -80,6 +82,12 @@ def calibrate_command(
         raise ConfigError(
             f"--load-chunks: cannot read {load_chunks!r}; write e.g. 1,2,4,8"
         ) from None
+    # every path and URL is checked before the model loads; the checks leave nothing behind
+    writable_file(out or default_profile_path(), "--out", parents=True)
+    for url in tier or ():
+        check_tier_url(url)
+    if not tier:
+        usable_directory(directory or DEFAULT_DIR, "--dir", keep=False)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvtier.engines.calibrate import CalibrationPlan, calibrate
     from kvtier.engines.embedded import load_model

@@ -136,7 +136,10 @@ def plan_command(
         plan,
     )
     from kvtier.specs import get_gpu, get_link, get_model, get_storage, load_profile
+    from kvtier.tiers.paths import writable_file
 
+    if plot is not None:
+        writable_file(plot, "--plot")
     prof = load_profile(profile) if profile else None
     spec = get_model(model, kv_dtype, weight_dtype, extra=prof.models if prof else None)
     device = get_gpu(gpu, extra=prof.gpus if prof else None)

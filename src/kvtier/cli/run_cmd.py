@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvtier.workloads.sessions import WorkloadSpec
+
+if TYPE_CHECKING:
+    from kvtier.run.job import RunConfig
 
 _W = WorkloadSpec()
 
@@ -157,6 +160,7 @@ def run_command(
         reuse_disk=reuse,
         keep_disk=keep,
     )
+    check_run(config, plot)  # before the model loads
     err = Console(stderr=True)
     with Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -186,6 +190,26 @@ def run_command(
 
         for path in write_plots(report, plot):
             err.print(f"plot saved to {path}")
+
+
+def check_run(config: RunConfig, plot: Path | None = None) -> None:
+    """Refuse unreadable sizes, an unusable --disk-dir, tier URL or --plot folder of a RunConfig
+    (ConfigError/TierPathError) before anything expensive; the checks leave nothing behind."""
+    from kvtier.errors import ConfigError
+    from kvtier.specs.units import parse_size
+    from kvtier.tiers.paths import usable_directory
+    from kvtier.tiers.registry import check_tier_url
+
+    for option, size in (("--dram-size", config.dram_size), ("--disk-size", config.disk_size)):
+        try:
+            parse_size(size)
+        except ConfigError as exc:
+            raise ConfigError(f"{option}: {exc}") from None
+    usable_directory(config.disk_dir, "--disk-dir", keep=False)
+    for url, _ in config.tier_urls():
+        check_tier_url(url)
+    if plot is not None:
+        usable_directory(plot, "--plot", keep=False)
 
 
 def register(cli: typer.Typer) -> None:

@@ -92,6 +92,6 @@ def test_calibration_copies_of_small_tiers_get_room():
 
     url = roomy("memory://?size=8MiB&name=dram", 100 << 20)
     parsed = TierURL.parse(url)
-    assert parsed.scheme == "memory" and parsed.options == {"size": str(100 << 20), "name": "dram"}
+    assert parsed.scheme == "memory" and parsed.options == {"size": "100MiB", "name": "dram"}
     assert roomy("file:///d?size=4GiB", 100 << 20) == "file:///d?size=4GiB"
     assert TierURL.parse(roomy("file:///d?size=1MiB", 1 << 30)).path == "/d"

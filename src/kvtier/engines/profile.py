@@ -113,23 +113,22 @@ def match_tiers(
 
 def roomy(url: str, need: int) -> str:
     """``url`` with its ``size=`` raised to at least ``need`` bytes (calibration's own copy of
-    a small tier must hold the chunks it times); other URLs unchanged."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit
+    a small tier must hold the chunks it times); other URLs, and URLs its tier would refuse
+    (left for opening it to report), unchanged."""
+    from kvtier.errors import ConfigError
+    from kvtier.tiers.base import TierURL
+    from kvtier.tiers.registry import options_class
+    from kvtier.tiers.url import parse_options, replace_options
 
-    from kvtier.specs import parse_size
-
-    parts = urlsplit(url)
-    opts = dict(parse_qsl(parts.query, keep_blank_values=True))
-    if "size" not in opts:
-        return url
     try:
-        size = parse_size(opts["size"])
-    except Exception:
+        parsed = TierURL.parse(url)
+        cls = options_class(parsed.scheme)
+        size = getattr(parse_options(cls, parsed), "size", None) if cls else None
+        if not isinstance(size, int) or size >= need:
+            return url
+        return replace_options(url, size=need)
+    except ConfigError:
         return url
-    if size >= need:
-        return url
-    opts["size"] = str(need)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}?{urlencode(opts)}"
 
 
 def calibration_namespace(kv_dtype: str) -> Namespace:

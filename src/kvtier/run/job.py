@@ -87,11 +87,15 @@ class RunConfig:
 
 
 def _tier_name(url: str, i: int) -> str:
-    from urllib.parse import parse_qs, urlsplit
+    """The ``name=`` of an extra tier's URL (checked like its tier would), else a scheme name."""
+    from kvtier.tiers.base import TierURL
+    from kvtier.tiers.registry import options_class
+    from kvtier.tiers.url import parse_options
 
-    parts = urlsplit(url)
-    name = parse_qs(parts.query).get("name", [""])[0]
-    return name or (parts.scheme if i == 0 else f"{parts.scheme}{i}")
+    parsed = TierURL.parse(url)
+    cls = options_class(parsed.scheme)
+    name = getattr(parse_options(cls, parsed), "name", None) if cls else parsed.options.get("name")
+    return name or (parsed.scheme if i == 0 else f"{parsed.scheme}{i}")
 
 
 def _quiet(label: str, done: int, total: int) -> None:

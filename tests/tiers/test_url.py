@@ -344,10 +344,21 @@ def _tiers():
     return [(MemoryOptions, MemoryTier), (PerBlockOptions, DiskTier), (SlabOptions, SlabTier)]
 
 
+def _constructor_params(tier: type) -> dict[str, inspect.Parameter]:
+    """A tier's constructor parameters, with those it hands on to its bases (``**common``)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in reversed(tier.__mro__):
+        if "__init__" in vars(klass) and klass is not object:
+            for name, param in inspect.signature(vars(klass)["__init__"]).parameters.items():
+                if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                    params[name] = param
+    return params
+
+
 @pytest.mark.parametrize("pair", range(3))
 def test_defaults_equal_the_tier_constructors(pair):
     cls, tier = _tiers()[pair]
-    params = dict(inspect.signature(tier.__init__).parameters)
+    params = _constructor_params(tier)
     params.pop("self"), params.pop("namespace")
     kwargs_of_defaults = {}
     for f, spec in option_fields(cls):

@@ -28,8 +28,6 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import xxhash
@@ -52,6 +50,7 @@ from kvtier.keys import Namespace
 from kvtier.specs import MiB, ModelSpec, format_bytes, get_model
 from kvtier.specs.model import dtype_bytes
 from kvtier.tiers import Tier, TierURL, open_tier
+from kvtier.tiers.base import IOProfile
 
 StepCallback = Callable[[str], None]
 DEFAULT_DATA = 512 * MiB
@@ -178,52 +177,25 @@ class StorageBenchConfig:
 # --- tier-specific knowledge -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DiskIOProfile:
-    """How a file tier does its I/O, so that fio can do the same."""
-
-    directory: Path
-    ioengine: str
-    direct: bool
-    sync: bool
-    file_bytes: Callable[[int], int]  # file size of a block with this many payload bytes
-    layout: Literal["file", "per-block"] = (
-        "per-block"  # fio's layout: a file per block (file://), one file (slab://)
-    )
-
-
 FILE_SCHEMES = ("file", "slab")  # tiers on a local filesystem, with fio as their reference
 
 
-def disk_io_profile(tier: Tier) -> DiskIOProfile | None:
-    """The I/O profile of a file tier (None for other media)."""
-    if tier.scheme not in FILE_SCHEMES:
-        return None
-    align = int(getattr(tier, "align", PAGE) or PAGE)
-    return DiskIOProfile(
-        directory=Path(getattr(tier, "directory", ".")),
-        ioengine=getattr(tier, "ioengine", "psync"),
-        direct=bool(getattr(tier, "direct", True)),
-        sync=bool(getattr(tier, "sync", False)),
-        # one header page, then the payload padded to whole pages (files.per_block, files.slab)
-        file_bytes=lambda n: align + -(-n // align) * align,
-        # a slab tier writes slots of one preallocated file: fio writes blocks of one file
-        layout="file" if tier.scheme == "slab" else "per-block",
-    )
+def disk_io_profile(tier: Tier) -> IOProfile | None:
+    """The I/O profile a file tier declares (None for other media): fio does the same."""
+    return tier.io_profile
 
 
 def native_depth(tier: Tier) -> int | None:
     """The tier's own I/O depth when it runs batches in parallel itself (disk tier ``depth=``)."""
-    depth = getattr(getattr(tier, "io", None), "depth", None)
-    return depth if isinstance(depth, int) else None
+    profile = tier.io_profile
+    return profile.depth if profile is not None else None
 
 
 def with_option(url: str, name: str, value: str) -> str:
-    """``url`` with query option ``name`` set to ``value``."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
-    query.append((name, value))
-    return urlunsplit(parts._replace(query=urlencode(query, safe="/:")))
+    """``url`` with option ``name`` set to ``value`` (validated through the tier's options)."""
+    from kvtier.tiers.url import replace_options
+
+    return replace_options(url, **{name: value})
 
 
 def default_tier_urls(directory: Path | None = None, data_size: int = DEFAULT_DATA) -> list[str]:
@@ -244,7 +216,7 @@ class _TierRun:
     url: str
     tier: Tier
     native: bool
-    profile: DiskIOProfile | None
+    profile: IOProfile | None
     pool: list[np.ndarray] = field(default_factory=list)
     copy_ref: CopyReference | None = None
 
@@ -477,7 +449,7 @@ class StorageBench:
         return [xxhash.xxh3_128_digest(seed + i.to_bytes(8, "little")) for i in range(items)]
 
     def _check_capacity(
-        self, url: str, tier: Tier, items: int, block: int, profile: DiskIOProfile | None
+        self, url: str, tier: Tier, items: int, block: int, profile: IOProfile | None
     ) -> None:
         per_block = profile.file_bytes(block) if profile else block + HEADER_SIZE + PAGE
         need = items * per_block
@@ -566,7 +538,7 @@ class StorageBench:
 
     def _fio_layout(
         self,
-        profile: DiskIOProfile,
+        profile: IOProfile,
         engine: str,
         depth: int,
         slices: Sequence[tuple[int, int]],
@@ -617,7 +589,7 @@ class StorageBench:
             for tier in tiers:
                 tier.close()
 
-    def _tier_notes(self, tier: Tier, profile: DiskIOProfile | None, report: StorageReport):
+    def _tier_notes(self, tier: Tier, profile: IOProfile | None, report: StorageReport):
         if profile is None:
             return
         env = report.environment

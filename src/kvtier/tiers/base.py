@@ -10,7 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import ClassVar, Literal
 from urllib.parse import parse_qs, urlparse
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta
@@ -37,13 +38,34 @@ class TierUsage:
     """Bytes held (headers included), the capacity bound, and the number of blocks.
 
     ``notes`` carries warnings worth showing an operator (e.g. a disk tier that fell back to
-    buffered I/O because its filesystem refuses O_DIRECT).
+    buffered I/O because its filesystem refuses O_DIRECT). ``footprint_bytes`` is what the tier
+    takes from its medium now (memory mapped, disk blocks allocated: files, kept room and
+    preallocated slots included), which may exceed ``used_bytes``; None when not known.
     """
 
     used_bytes: int
     capacity_bytes: int
     blocks: int
     notes: tuple[str, ...] = ()
+    footprint_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class IOProfile:
+    """How a tier on a local filesystem does its I/O, declared for benchmarks that compare it
+    with fio doing the same: engine, O_DIRECT, O_DSYNC, depth, and the file layout."""
+
+    directory: Path
+    ioengine: str  # fio's name for the tier's engine: "io_uring" or "psync"
+    direct: bool
+    sync: bool
+    depth: int  # operations the tier keeps in flight itself
+    layout: Literal["file", "per-block"]  # slots of one preallocated file, or a file per block
+    page: int = 4096  # a block is one header page, then its payload padded to whole pages
+
+    def file_bytes(self, payload: int) -> int:
+        """Bytes a block with ``payload`` stored bytes takes in its file."""
+        return self.page + -(-payload // self.page) * self.page
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,11 @@ class Tier(ABC):
         """Whether ``key`` is pinned; an evicting tier skips such victims (put may then fail)."""
         pinned = self._pinned
         return pinned is not None and pinned(key)
+
+    @property
+    def io_profile(self) -> IOProfile | None:
+        """How the tier does file I/O (None: not a tier on a local filesystem)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files, sockets and threads."""

@@ -129,29 +129,20 @@ DIRECTORY_SCHEMES = ("file", "slab")
 def check_tier_url(url: str) -> None:
     """Refuse a tier URL that cannot work, without opening the tier (nothing is left behind).
 
-    Unknown scheme or missing backend package (as :func:`tier_class`), an unreadable ``size``,
-    and for ``file://``/``slab://`` a host name, no directory or size, or a directory that
-    cannot hold files (:class:`~kvtier.errors.TierPathError` from ``usable_directory``).
+    Unknown scheme or missing backend package (as :func:`tier_class`), options its typed
+    options refuse (unknown, malformed, out of range, missing), and for ``file://``/``slab://``
+    a directory that cannot hold files (:class:`~kvtier.errors.TierPathError` from
+    ``usable_directory``).
     """
-    from kvtier.specs.units import parse_size
     from kvtier.tiers.paths import usable_directory
+    from kvtier.tiers.url import parse_options
 
     parsed = TierURL.parse(url)
     tier_class(parsed.scheme)
-    if "size" in parsed.options:
-        try:
-            parse_size(parsed.options["size"])
-        except ConfigError as exc:
-            raise ConfigError(f"tier URL {url!r}: {exc}") from None
+    options = options_class(parsed.scheme)
+    if options is not None:
+        parse_options(options, parsed)
     if parsed.scheme not in DIRECTORY_SCHEMES:
         return
     scheme = parsed.scheme
-    if parsed.netloc not in ("", "localhost"):
-        raise ConfigError(
-            f"{scheme}:// tier URL names host {parsed.netloc!r}; use {scheme}:///abs/path"
-        )
-    if not parsed.path or "size" not in parsed.options:
-        raise ConfigError(
-            f"{scheme}:// tier URL needs a directory and a size, e.g. {scheme}:///nvme/kv?size=200GiB"
-        )
     usable_directory(parsed.path, f"{scheme}:// tier directory", keep=False)

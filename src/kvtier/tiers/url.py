@@ -243,16 +243,12 @@ def describe(cls: type[UrlOptions], *, verbose: bool = False) -> str:
 
     ``verbose`` adds one line per option with its help.
     """
-    location = ""
-    required: list[str] = []
-    optional: list[str] = []
-    for f, spec in option_fields(cls):
-        if spec.kind == "directory":
-            location = spec.example or "/abs/dir"
-        elif f.default is MISSING:
-            required.append(f"{f.name}={spec.example or _placeholder(f.name, spec)}")
-        else:
-            optional.append(f"{f.name}={_usage(f.name, spec, f.default)}")
+    location, required = _location_and_required(cls)
+    optional = [
+        f"{f.name}={_usage(f.name, spec, f.default)}"
+        for f, spec in option_fields(cls)
+        if spec.kind != "directory" and f.default is not MISSING
+    ]
     line = location
     if required:
         line += "?" + "&".join(required) + "".join(f"[&{o}]" for o in optional)
@@ -275,6 +271,13 @@ def describe(cls: type[UrlOptions], *, verbose: bool = False) -> str:
 
 def example_url(cls: type[UrlOptions], scheme: str) -> str:
     """A URL with only the required parts of ``cls``, from their examples (for error messages)."""
+    location, required = _location_and_required(cls)
+    url = f"{scheme}://{location}"
+    return f"{url}?{'&'.join(required)}" if required else url
+
+
+def _location_and_required(cls: type[UrlOptions]) -> tuple[str, list[str]]:
+    """The example location of ``cls``'s URLs and its required ``name=example`` options."""
     location = ""
     required: list[str] = []
     for f, spec in option_fields(cls):
@@ -282,8 +285,7 @@ def example_url(cls: type[UrlOptions], scheme: str) -> str:
             location = spec.example or "/abs/dir"
         elif f.default is MISSING:
             required.append(f"{f.name}={spec.example or _placeholder(f.name, spec)}")
-    url = f"{scheme}://{location}"
-    return f"{url}?{'&'.join(required)}" if required else url
+    return location, required
 
 
 # --- kinds -------------------------------------------------------------------------------------

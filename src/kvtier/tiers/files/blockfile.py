@@ -71,11 +71,7 @@ def plan_read(size: int, out, pool: BufferPool, *, direct: bool, maybe_raw: bool
         bulk = min(align_down(target.nbytes), max(0, size - 2 * PAGE))
     scratch = pool.take(size - bulk)
     plan = ReadPlan(size, target, bulk, scratch)
-    plan.bufs.append(scratch[:PAGE])
-    if bulk:
-        plan.bufs.append(target[:bulk])
-    if size - PAGE - bulk:
-        plan.bufs.append(scratch[PAGE : size - bulk])
+    plan.bufs = page_bufs(scratch, target, bulk, size)
     return plan
 
 
@@ -165,9 +161,16 @@ def plan_write(header: bytes, stored: memoryview, pool: BufferPool, *, direct: b
         np.copyto(scratch[PAGE : PAGE + tail], np.frombuffer(stored, np.uint8, tail, bulk))
     scratch[PAGE + tail : size - bulk] = 0
     plan = WritePlan(size, scratch, stored)
-    plan.bufs.append(scratch[:PAGE])
-    if bulk:
-        plan.bufs.append(stored[:bulk])
-    if size - PAGE - bulk:
-        plan.bufs.append(scratch[PAGE : size - bulk])
+    plan.bufs = page_bufs(scratch, stored, bulk, size)
     return plan
+
+
+def page_bufs(scratch: np.ndarray, payload: memoryview, bulk: int, size: int) -> list:
+    """The buffers of a block file of ``size`` bytes: the header page from ``scratch``, then
+    ``bulk`` payload bytes straight from or into ``payload``, then the rest from ``scratch``."""
+    bufs: list = [scratch[:PAGE]]
+    if bulk:
+        bufs.append(payload[:bulk])
+    if size - PAGE - bulk:
+        bufs.append(scratch[PAGE : size - bulk])
+    return bufs

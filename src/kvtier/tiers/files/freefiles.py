@@ -61,19 +61,20 @@ class FreeFiles:
         self._by_size.clear()
         self.bytes = 0
 
-    def add(self, path: str) -> None:
-        """Move the file at ``path`` into the pool (nothing when it is already gone)."""
+    def add(self, path: str) -> int:
+        """Move the file at ``path`` into the pool; its bytes (0 when it is already gone)."""
         free = f"{self.directory}/{secrets.token_hex(8)}{SUFFIX}"
         try:
             os.rename(path, free)
         except FileNotFoundError:
-            return
+            return 0
         size = page_file_size(free)
         if not size:
             unlink(free)
-            return
+            return 0
         self._by_size.setdefault(size, []).append(free)
         self.bytes += size
+        return size
 
     def take(self, size: int) -> str | None:
         """A free file of exactly ``size`` bytes (now the caller's), or None."""
@@ -83,11 +84,14 @@ class FreeFiles:
         self.bytes -= size
         return paths.pop()
 
-    def drop_one(self) -> None:
-        """Delete one free file (of the largest size) to give its room back."""
+    def drop_one(self) -> int:
+        """Delete one free file (of the largest size) to give its room back; its bytes."""
+        if not self.bytes:
+            return 0
         size = max(s for s, paths in self._by_size.items() if paths)
         unlink(self._by_size[size].pop())
         self.bytes -= size
+        return size
 
     def clear(self) -> None:
         """Delete every free file."""

@@ -197,9 +197,18 @@ class Slots:
         return slots
 
     def prepare(
-        self, i: int, slot: int, opcode: int, fd: int, addr: int, nbytes: int, tail: bool
+        self,
+        i: int,
+        slot: int,
+        opcode: int,
+        fd: int,
+        addr: int,
+        nbytes: int,
+        tail: bool,
+        at: int = 0,
     ) -> None:
-        """Prepare op ``i``: [header page][``nbytes`` at ``addr``][tail page if ``tail``]."""
+        """Prepare op ``i``: [header page][``nbytes`` at ``addr``][tail page if ``tail``], at
+        file offset ``at``."""
         iov, k = self.iov, 3 * slot
         page = self.base + slot * SLOT
         iov[k].base, iov[k].len = page, PAGE
@@ -210,13 +219,12 @@ class Slots:
         if tail:
             iov[k + count].base, iov[k + count].len = page + PAGE, PAGE
             count += 1
-        self.ready.append((opcode, fd, self.iov_base + k * _IOV, count, i))
+        self.ready.append((opcode, fd, self.iov_base + k * _IOV, count, at, i))
 
     def _queue_ready(self) -> None:
         ring, ready, depth = self.ring, self.ready, self.depth
         while ready and ring.pending < depth:
-            opcode, fd, iov, count, i = ready.popleft()
-            ring.queue(opcode, fd, iov, count, 0, i)
+            ring.queue(*ready.popleft())
 
     def drive(self, n: int, start: Callable[[int], bool], finish: Callable[[int, int], None]):
         """``start(i)`` prepares op ``i`` (False: nothing to do); ``finish(i, res)`` checks it.
@@ -261,17 +269,19 @@ class Slots:
 
 def read_known(
     slots: Slots,
-    paths: Sequence[str],
+    locate: Callable[[int], tuple[int, int] | None],
     knowns: Sequence[Known],
     outs: Sequence,
-    oflags: int,
     results: list,
     served: list[int],
-    gone: list[int],
+    *,
+    close: bool,
 ) -> list[int]:
-    """Read ``paths[i]`` into ``outs[i]``; ``results[i]`` gets the header of each block served
-    (listed in ``served``), files not there are listed in ``gone``. Returns the indices left
-    to the general path."""
+    """Read block ``i``, whose stored header the tier knows (``knowns[i]``), into ``outs[i]``
+    for every ``i``: ``locate(i)`` gives its (fd, file offset), or None for a miss (an OSError
+    leaves it to the general path); ``close``: the fds are the batch's to close. ``results[i]``
+    gets the header of each block served (listed in ``served``). Returns the indices left to
+    the general path."""
     redo: list[int] = []
     inflight: dict[int, tuple[int, int]] = {}  # i -> (slot, fd)
     scratch = slots.scratch
@@ -283,24 +293,25 @@ def read_known(
             redo.append(i)
             return False
         try:
-            fd = os.open(paths[i], os.O_RDONLY | oflags | _O_CLOEXEC)
-        except FileNotFoundError:
-            gone.append(i)
-            return False
+            place = locate(i)
         except OSError:
             redo.append(i)
             return False
+        if place is None:
+            return False
+        fd, at = place
         slot = slots.free.pop()
         bulk = stored // PAGE * PAGE
         inflight[i] = (slot, fd)
         slots.read_into.add(slot)
         addr = slots.stage_read(slot, bulk, addr)
-        slots.prepare(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk)
+        slots.prepare(i, slot, _uring.OP_READV, fd, addr, bulk, stored > bulk, at)
         return True
 
     def finish(i: int, res: int) -> None:
         slot, fd = inflight.pop(i)
-        os.close(fd)
+        if close:
+            os.close(fd)
         try:
             known = knowns[i]
             header = known.header
@@ -336,7 +347,7 @@ def read_known(
         finally:
             slots.release(slot)
 
-    slots.drive(len(paths), start, finish)
+    slots.drive(len(knowns), start, finish)
     return redo
 
 
@@ -348,6 +359,7 @@ class WriteOp:
     head: bytes
     payload: memoryview  # the stored bytes (raw), one contiguous byte range
     addr: int  # where ``payload`` starts (page-aligned when the file is O_DIRECT)
+    offset: int = 0  # where the block starts in the file
 
 
 def write_blocks(
@@ -379,7 +391,7 @@ def write_blocks(
             tail[n - bulk :] = 0
         inflight[i] = slot
         addr = slots.stage_write(slot, op.payload, bulk, op.addr)
-        slots.prepare(i, slot, _uring.OP_WRITEV, op.fd, addr, bulk, n > bulk)
+        slots.prepare(i, slot, _uring.OP_WRITEV, op.fd, addr, bulk, n > bulk, op.offset)
         return True
 
     def finish(i: int, res: int) -> None:

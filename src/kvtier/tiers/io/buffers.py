@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
 import threading
 
 import numpy as np
@@ -124,3 +125,11 @@ class BufferPool:
         """Drop every free buffer."""
         with self._lock:
             self._free.clear()
+
+
+def host_memory() -> int:
+    """Bytes of RAM on this host (a bound for memory tiers and staging budgets)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 62

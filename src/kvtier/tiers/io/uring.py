@@ -161,40 +161,36 @@ class Ring:
             done += self._reap()
             if len(done) >= min_complete and self._to_submit == 0:
                 return done
-            ret = _syscall(
-                ctypes.c_long(_SYS_ENTER),
-                ctypes.c_int(self.fd),
-                ctypes.c_uint(self._to_submit),
-                ctypes.c_uint(max(0, min_complete - len(done))),
-                ctypes.c_uint(_ENTER_GETEVENTS),
-                None,
-                ctypes.c_size_t(0),
-            )
-            if ret < 0:
-                err = ctypes.get_errno()
-                if err not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
-                    raise UringError(err, f"io_uring_enter failed: {os.strerror(err)}")
-            else:
+            ret = self._enter(max(0, min_complete - len(done)), _ENTER_GETEVENTS)
+            if ret >= 0:
                 self._to_submit -= ret
 
     def submit(self) -> None:
         """Hand what is queued to the kernel now, without waiting for anything."""
         while self._to_submit:
-            ret = _syscall(
-                ctypes.c_long(_SYS_ENTER),
-                ctypes.c_int(self.fd),
-                ctypes.c_uint(self._to_submit),
-                ctypes.c_uint(0),
-                ctypes.c_uint(0),
-                None,
-                ctypes.c_size_t(0),
-            )
+            ret = self._enter(0, 0)
             if ret < 0:
-                err = ctypes.get_errno()
-                if err not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
-                    raise UringError(err, f"io_uring_enter failed: {os.strerror(err)}")
                 return  # busy: the next wait submits them
             self._to_submit -= ret
+
+    def _enter(self, min_complete: int, flags: int) -> int:
+        """``io_uring_enter`` submitting what is queued: ops taken, or -1 when the kernel was
+        busy or interrupted (try again later); other errors raise."""
+        ret = _syscall(
+            ctypes.c_long(_SYS_ENTER),
+            ctypes.c_int(self.fd),
+            ctypes.c_uint(self._to_submit),
+            ctypes.c_uint(min_complete),
+            ctypes.c_uint(flags),
+            None,
+            ctypes.c_size_t(0),
+        )
+        if ret < 0:
+            err = ctypes.get_errno()
+            if err not in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
+                raise UringError(err, f"io_uring_enter failed: {os.strerror(err)}")
+            return -1
+        return ret
 
     def _reap(self) -> list[tuple[int, int]]:
         cq32 = self._cq32

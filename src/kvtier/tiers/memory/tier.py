@@ -64,20 +64,18 @@ from kvtier.codec import (
     BlockError,
     BlockHeader,
     BlockMeta,
-    BufferTooSmallError,
-    CorruptBlockError,
     get_codec,
     pack_block,
     parse_header,
 )
-from kvtier.codec.container import RAW_META
+from kvtier.codec.container import RAW_META, BufferTooSmallError, CorruptBlockError
 from kvtier.errors import ConfigError
-from kvtier.policy.eviction import make_policy
-from kvtier.specs import parse_size
-from kvtier.tiers._options import tristate
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
-from kvtier.tiers.io.buffers import PAGE, align_up
+from kvtier.tiers.io.buffers import PAGE, align_up, host_memory
+from kvtier.tiers.ledger import BlockLedger
 from kvtier.tiers.memory.arena import SlabArena, pinned_available
+from kvtier.tiers.memory.options import GIL_COPY_MAX, MemoryOptions
+from kvtier.tiers.url import parse_options
 
 try:  # the one-block read in C (src/kvtier/tiers/memory/_fastget.c), built with the package
     from kvtier.tiers.memory._fastget import get1 as _native_get1
@@ -86,8 +84,6 @@ except ImportError:  # not built here: the same path runs in Python
     _native_get1 = _native_get_many = None
 
 _U8 = np.dtype(np.uint8)
-#: Blocks up to this size are copied holding the GIL (see the module docstring).
-GIL_COPY_MAX = 256 * 1024
 #: Recency updates queued by unlocked reads before a reader applies them (the policy sees them
 #: anyway before it next picks a victim). Each drain holds the GIL in one go and the readers
 #: that finish a copy meanwhile queue behind it: 4 threads reading 256 KiB blocks on the dev
@@ -146,14 +142,20 @@ class MemoryTier(Tier):
             raise ConfigError(f"memory tier capacity must be positive, got {capacity}")
         if slot_size is not None and not 0 < slot_size <= capacity:
             raise ConfigError(f"slot size {slot_size} must be between 1 byte and the capacity")
+        ram = host_memory()
+        if capacity > ram:
+            raise ConfigError(
+                f"memory:// size={capacity} bytes is more than this host's RAM ({ram} bytes); "
+                "give a smaller size= or put the rest on a disk tier"
+            )
         if pin and not _cuda_for_pinning():
             raise ConfigError("pin=1 needs torch with CUDA; use pin=0 or pin=auto")
         self.capacity = capacity
         self.pinned = pinned_available() if pin is None else bool(pin)
         self._slot_size = align_up(slot_size, 64) if slot_size else None
         self._lock = threading.Lock()
-        self._policy = make_policy(eviction)
-        self._index: dict[bytes, _Block] = {}
+        self.ledger: BlockLedger[_Block] = BlockLedger(capacity, eviction)
+        self._index = self.ledger.index  # never rebound: the C read path holds it
         self._touched: deque[bytes] = deque()  # reads not yet shown to the policy
         self._arena: SlabArena | None = None
         if self._slot_size:
@@ -164,29 +166,8 @@ class MemoryTier(Tier):
     @classmethod
     def from_url(cls, url: TierURL, namespace: bytes) -> MemoryTier:
         """``memory://?size=8GiB[&eviction=lru|arc|cost][&slot=1MiB][&pin=auto|1|0]
-        [&gil_copy_max=256KiB][&native=auto|1|0]``."""
-        opts = url.options
-        if "size" not in opts:
-            raise ConfigError("memory:// tier URL needs ?size=..., e.g. memory://?size=8GiB")
-        known = {"size", "eviction", "slot", "pin", "gil_copy_max", "native", "name"}
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown memory:// tier option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        pin = opts.get("pin", "auto").strip().lower()
-        if pin not in ("auto", "", "1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ConfigError(f"memory:// option pin={pin!r}: use 1, 0 or auto")
-        return cls(
-            namespace,
-            parse_size(opts["size"]),
-            eviction=opts.get("eviction", "lru"),
-            slot_size=parse_size(opts["slot"]) if opts.get("slot") else None,
-            pin=None if pin in ("auto", "") else pin in ("1", "true", "yes", "on"),
-            gil_copy_max=parse_size(opts.get("gil_copy_max") or str(GIL_COPY_MAX)),
-            native=tristate(opts.get("native", "auto"), "native"),
-            name=opts.get("name"),
-        )
+        [&gil_copy_max=256KiB][&native=auto|1|0]`` (see :class:`MemoryOptions`)."""
+        return cls(namespace, **parse_options(MemoryOptions, url).tier_kwargs())
 
     # --- verbs -------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
@@ -249,7 +230,7 @@ class MemoryTier(Tier):
         touched = self._touched
         if touched:
             popleft = touched.popleft
-            self._policy.touch_many([popleft() for _ in range(len(touched))])
+            self.ledger.touch_many([popleft() for _ in range(len(touched))])
 
     def _get_locked(self, key: bytes, out) -> BlockHeader | None:
         with self._lock:
@@ -258,7 +239,7 @@ class MemoryTier(Tier):
             if block is None:
                 return None
             block.pins += 1
-            self._policy.touch(key)
+            self.ledger.touch(key)
         try:
             return self._copy_out(key, block, out)
         finally:
@@ -293,7 +274,7 @@ class MemoryTier(Tier):
             if len(touched) > _TOUCH_MAX:
                 self._drain_soon()
             return results
-        index, touch = self._index, self._policy.touch
+        index, touch = self._index, self.ledger.touch
         with self._lock:  # one lock round trip for the whole batch
             self._drain_locked()
             blocks = [index.get(k) for k in keys]
@@ -325,49 +306,43 @@ class MemoryTier(Tier):
                 self._drain_locked()
                 arena = self._arena or self._make_arena(total)
                 need = max(1, -(-total // arena.slot_size))
-                slots = self._alloc_locked(arena, need, evicted)
+                slots = self._alloc_locked(arena, need)
+                evicted = self.ledger.take_evicted()
             if slots is None:
                 return False
             block = self._copy_in(arena, slots, header_bytes, stored)
             with self._lock:
-                old = self._index.get(key)
-                self._index[key] = block
+                old = self.ledger.add(key, block, need * arena.slot_size, meta.value)
                 if old is not None:
-                    self._policy.remove(key)
-                    self._release_locked(old)
-                self._policy.insert(key, need * arena.slot_size, meta.value)
+                    self._release_locked(old[0])
             return True
         finally:
-            for victim in evicted:
-                self._notify_evicted(victim)
+            self._notify_evicted_many(evicted)
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
             self._drain_locked()
-            block = self._index.pop(key, None)
-            if block is None:
+            gone = self.ledger.pop(key)
+            if gone is None:
                 return False
-            self._policy.remove(key)
-            self._release_locked(block)
+            self._release_locked(gone[0])
             return True
 
     def usage(self) -> TierUsage:
         with self._lock:
-            arena = self._arena
-            used = arena.held_slots * arena.slot_size if arena else 0
-            return TierUsage(used, self.capacity, len(self._index))
+            mapped = self._arena.mapped_bytes if self._arena else 0
+            return TierUsage(
+                self.ledger.used, self.capacity, len(self._index), footprint_bytes=mapped
+            )
 
     def iter_keys(self) -> Iterator[bytes]:
-        with self._lock:
-            keys = list(self._index)
-        return iter(keys)
+        return iter(list(self._index))  # one C call: a consistent snapshot without the lock
 
     def close(self) -> None:
         with self._lock:
-            self._index.clear()
+            self.ledger.clear()
             self._touched.clear()
             self._arena = None
-            self._policy = make_policy("lru")
 
     # --- introspection -----------------------------------------------------------------------
     @property
@@ -393,31 +368,22 @@ class MemoryTier(Tier):
     def _make_arena(self, first_block: int) -> SlabArena:
         slot = self._slot_size or min(max(PAGE, align_up(first_block)), self.capacity)
         self._arena = SlabArena(self.capacity, slot, self.pinned)
+        self.ledger.capacity = self.ledger.limit = self._arena.slots * slot
         return self._arena
 
     def _busy(self, key: bytes) -> bool:
         block = self._index.get(key)
         return (block is not None and block.pins > 0) or self.is_pinned(key)
 
-    def _alloc_locked(self, arena: SlabArena, need: int, evicted: list[bytes]) -> list[int] | None:
-        if need > arena.slots:
-            return None
-        while arena.free_slots < need:
-            victim = self._policy.victim(self._busy)
-            if victim is None:
-                return None
-            self._evict_locked(victim)
-            evicted.append(victim)
-        return arena.alloc(need)
+    def _alloc_locked(self, arena: SlabArena, need: int) -> list[int] | None:
+        spill = self._spill_locked if self.spilling else None
+        ok, _ = self.ledger.make_room(
+            need * arena.slot_size, self._drop_victim, spill=spill, pinned=self._busy
+        )
+        return arena.alloc(need) if ok else None
 
-    def _evict_locked(self, key: bytes) -> None:
-        block = self._index.get(key)
-        if block is not None and self.spilling:
-            self._spill_locked(key, block)
-        self._policy.remove(key)
-        if block is not None:
-            del self._index[key]
-            self._release_locked(block)
+    def _drop_victim(self, key: bytes, block: _Block, size: int) -> None:
+        self._release_locked(block)  # a victim is never busy: its slots are free now
 
     def _spill_locked(self, key: bytes, block: _Block) -> None:
         out = np.empty(block.header.raw_len, np.uint8)
@@ -442,6 +408,7 @@ class MemoryTier(Tier):
         block.freed = True  # before any reuse: an unlocked reader that copied checks it after
         if self._arena is not None:  # None once closed
             self._arena.free(block.slots)
+            self.ledger.release(len(block.slots) * self._arena.slot_size)
 
     def _copy_in(
         self, arena: SlabArena, slots: list[int], header: bytes, stored: memoryview

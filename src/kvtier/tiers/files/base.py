@@ -333,8 +333,8 @@ class FileTier(Tier):
             if self.ledger.full():
                 self._note(
                     f"the filesystem under {self.directory} filled up before size="
-                    f"{self.capacity} bytes: the tier evicts to fit what it holds, "
-                    f"{self.ledger.limit} bytes, and grows back as the filesystem frees room"
+                    f"{self.capacity} bytes: the tier evicts to fit in what it holds, and "
+                    "grows back as the filesystem frees room"
                 )
             self._space_checked = time.monotonic()
 

@@ -624,7 +624,11 @@ class SlabTier(FileTier):
         size = entry.file.slot_size
         with self._lock:
             if res != expected:
-                self._drop(key, entry, size)
+                if res < 0 and -res in NOSPACE:  # the slot's room is not on the disk: hollow
+                    self.ledger.release(size)
+                    heapq.heappush(entry.file.hollow, entry.slot)
+                else:
+                    self._drop(key, entry, size)
                 return self._write_failed(key, res)
             old = self.ledger.add(key, entry, size, value)
             if old is not None:

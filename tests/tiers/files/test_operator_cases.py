@@ -58,16 +58,18 @@ def test_a_filesystem_full_before_size_makes_the_tier_evict(scheme):
 
 def test_running_out_of_inodes_makes_the_per_block_tier_evict():
     require_loop_mounts()
-    with loop_mount(64 * MiB, inodes=64, mkfs_options=("-m", "0")) as mnt:
-        with DiskTier(NS, mnt, GiB, io="threads", recycle=False) as tier:
-            # one folder of block files (a running tier has made all 256 long before)
-            keys = [b"\x11" + make_key(i)[1:] for i in range(150)]
-            first = _fill(tier, keys[:100])
-            assert not all(first), "inodes never ran out"
-            assert any("filled up before size=" in n for n in tier.usage().notes)
-            later = _fill(tier, keys[100:])
-            assert sum(later) >= len(later) - 2, later
-            assert all(_readable(tier, k) for k in keys[-5:])
+    with (
+        loop_mount(64 * MiB, inodes=64, mkfs_options=("-m", "0")) as mnt,
+        DiskTier(NS, mnt, GiB, io="threads", recycle=False) as tier,
+    ):
+        # one folder of block files (a running tier has made all 256 long before)
+        keys = [b"\x11" + make_key(i)[1:] for i in range(150)]
+        first = _fill(tier, keys[:100])
+        assert not all(first), "inodes never ran out"
+        assert any("filled up before size=" in n for n in tier.usage().notes)
+        later = _fill(tier, keys[100:])
+        assert sum(later) >= len(later) - 2, later
+        assert all(_readable(tier, k) for k in keys[-5:])
 
 
 def test_many_block_sizes_keep_a_small_slab_tier_near_its_size(tmp_path):

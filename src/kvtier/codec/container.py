@@ -21,8 +21,13 @@ VERSION = 1
 HEADER_SIZE = 128
 MAX_RANK = 6
 _FMT = struct.Struct("<4sHBBB3x16s16sQQQ6Id")
-_CHECKSUM_OFFSET = 4 + 2 + 1 + 1 + 1 + 3 + 16 + 16 + 8 + 8
+CHECKSUM_OFFSET = 4 + 2 + 1 + 1 + 1 + 3 + 16 + 16 + 8 + 8
 _PAD = b"\x00" * (HEADER_SIZE - _FMT.size)
+#: Where the header's fields sit, for code that builds headers from a template (the file tiers'
+#: ring batches): the key, then raw and stored lengths, then the checksum (8 bytes, zero while
+#: it is computed), the shape, and the block's value (f64) last before the zero padding.
+KEY_OFFSET = CHECKSUM_OFFSET - 32
+VALUE_OFFSET = _FMT.size - 8
 DTYPES = {"u8": 0, "bf16": 1, "fp16": 2, "fp32": 3, "fp8": 4, "int8": 5}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -92,7 +97,7 @@ class BlockHeader:
         return HEADER_SIZE + self.stored_len
 
 
-def _header_bytes(
+def header_bytes(
     namespace: bytes,
     key: bytes,
     meta: BlockMeta,
@@ -101,6 +106,7 @@ def _header_bytes(
     stored_len: int,
     checksum: int,
 ) -> bytes:
+    """The 128 header bytes of a block (``checksum`` 0 while the checksum is computed)."""
     shape = tuple(meta.shape) + (0,) * (MAX_RANK - len(meta.shape))
     return (
         _FMT.pack(
@@ -131,13 +137,11 @@ def pack_block(
     raw = memoryview(payload).cast("B")
     codec = get_codec(meta.codec)
     stored = memoryview(codec.encode(raw, meta.dtype)).cast("B")
-    header = _header_bytes(namespace, key, meta, codec.id, raw.nbytes, stored.nbytes, 0)
+    header = header_bytes(namespace, key, meta, codec.id, raw.nbytes, stored.nbytes, 0)
     h = xxhash.xxh3_64(header)
     h.update(stored)
     header = (
-        header[:_CHECKSUM_OFFSET]
-        + struct.pack("<Q", h.intdigest())
-        + header[_CHECKSUM_OFFSET + 8 :]
+        header[:CHECKSUM_OFFSET] + struct.pack("<Q", h.intdigest()) + header[CHECKSUM_OFFSET + 8 :]
     )
     return header, stored
 
@@ -173,9 +177,9 @@ def verify(view: memoryview, header: BlockHeader) -> None:
     """Check the stored length and checksum of a whole block (header + payload)."""
     if view.nbytes < header.total_len:
         raise CorruptBlockError(f"block truncated: {view.nbytes} of {header.total_len} bytes")
-    h = xxhash.xxh3_64(view[:_CHECKSUM_OFFSET])
+    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
     h.update(b"\x00" * 8)
-    h.update(view[_CHECKSUM_OFFSET + 8 : header.total_len])
+    h.update(view[CHECKSUM_OFFSET + 8 : header.total_len])
     if h.intdigest() != header.checksum:
         raise CorruptBlockError("block checksum mismatch")
 
@@ -187,9 +191,9 @@ def verify_parts(header_buf, parts, header: BlockHeader) -> None:
     payload straight into the caller's buffer; raises CorruptBlockError like :func:`verify`.
     """
     view = memoryview(header_buf).cast("B")
-    h = xxhash.xxh3_64(view[:_CHECKSUM_OFFSET])
+    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
     h.update(b"\x00" * 8)
-    h.update(view[_CHECKSUM_OFFSET + 8 : HEADER_SIZE])
+    h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])
     n = 0
     for part in parts:
         h.update(part)

@@ -46,7 +46,7 @@ from kvtier.codec import (
     pack_block,
     parse_header,
 )
-from kvtier.codec.container import _CHECKSUM_OFFSET
+from kvtier.codec.container import CHECKSUM_OFFSET
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.blockfile import (
     KnownHeader,
@@ -535,7 +535,7 @@ def _written(namespace: bytes, key: bytes, head: bytes, meta: BlockMeta, stored:
     """What a raw block being written will read back as (its header, without parsing it)."""
     if type(meta.shape) is not tuple or type(meta.value) is not float:
         return _known(head, parse_header(head, namespace, key))
-    checksum = int.from_bytes(head[_CHECKSUM_OFFSET : _CHECKSUM_OFFSET + 8], "little")
+    checksum = int.from_bytes(head[CHECKSUM_OFFSET : CHECKSUM_OFFSET + 8], "little")
     return _known(head, BlockHeader(namespace, key, meta, stored, stored, checksum))
 
 

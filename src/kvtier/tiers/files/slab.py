@@ -57,7 +57,7 @@ from kvtier.codec import (
     get_codec,
     parse_header,
 )
-from kvtier.codec.container import _header_bytes
+from kvtier.codec.container import header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions
@@ -505,7 +505,7 @@ class SlabTier(FileTier):
             if place is None:
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())
-        zeroed = _header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
+        zeroed = header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
         head, checksum, seed = _short.seal(zeroed[:SEQ_AT] + seq.to_bytes(8, "little"), stored)
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored

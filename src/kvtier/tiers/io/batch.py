@@ -1,26 +1,26 @@
-"""The disk tier's short path on io_uring: batched reads and writes with little Python per block.
+"""The file tiers' ring batch path on io_uring: batched reads and writes with little Python per
+block, used by ``file://`` and ``slab://``.
 
-The general path (``_io`` + ``_blockfile``) builds plan objects, takes pool buffers and
-iovec arrays per block; at 256 KiB that Python, not the device, bounded the tier against fio
-(~100 us of CPU per block on the dev VM). Here a batch takes ``3 × depth`` slots once, each two
-scratch pages (a header page and a last partial page) and three iovecs, and every op is a
-vectored read or write of ``[header page][payload pages][tail page]``, the payload pages in the
-ring's huge-page staging (``Staging``: one contiguous range per 2 MiB for the device; copied
-to or from the caller's buffer, a read only once checked) while its budget has room, else
-straight from/into the caller's buffer. An op goes to the kernel as soon as it is prepared
-while the ring has room; ops are prepared up to ``depth`` ahead of the ring, which is refilled
-as soon as a completion frees room, before the finished ops are checked (hash, rename): the
-device never waits for that work, nor for the setup (hash, open) of the next write. Handing
-each op over at once, rather than the prepared ones together, took ``file://`` at depth 1 from
-0.74/0.58x to 1.04/0.91x of fio for 1 MiB writes and reads 1.0-1.3x to 1.4-2.3x (A/B, two
-rounds each, ``kvtier bench storage --block-size 1MiB``).
+The general path (``backends`` + the tiers' plans) builds plan objects and takes pool buffers
+and iovec arrays per block; at small blocks that Python, not the device, bounds a tier. Here a
+batch takes ``3 × depth`` slots once, each two scratch pages (a header page and a last partial
+page) and three iovecs, and every op is a vectored read or write of ``[header page][payload
+pages][tail page]`` at the block's file offset, the payload pages in the ring's huge-page
+staging (``Staging``: one contiguous range per 2 MiB for the device; copied to or from the
+caller's buffer, a read only once checked) while its budget has room, else straight from or
+into the caller's buffer. An op goes to the kernel as soon as it is prepared while the ring has
+room; ops are prepared up to ``depth`` ahead, and the ring is refilled as soon as a completion
+frees room, before the finished ops are checked: the device never waits for that work, nor for
+the setup of the next write.
 
-Reads take blocks whose header the tier already holds (it wrote the block, or read it before)
-and whose payload is stored raw: the completion compares the 128 header bytes with the known
-ones and hashes the payload in place, from an xxh3 state that already holds the header.
-Anything unusual is left to the general path: a block read short, a header that differs
-(another writer replaced the file), a bad checksum (the general path reads it again and raises
-the precise error), a buffer that is unaligned, too small, or not one contiguous byte range.
+Reads take blocks whose stored header the tier already holds and whose payload is stored raw:
+the completion compares the 128 header bytes with the known ones and hashes the payload in
+place, from an xxh3 state that already holds the header. Anything unusual is left to the
+general path: a block read short, a header that differs (another writer replaced it), a bad
+checksum (the general path reads it again and raises the precise error), a buffer that is
+unaligned, too small, or not one contiguous byte range.
+
+The block header is built through ``kvtier.codec.container``'s public layout constants.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 import xxhash
 
 from kvtier.codec import BlockHeader, BlockMeta, pack_block
-from kvtier.codec.container import _CHECKSUM_OFFSET, _FMT
+from kvtier.codec.container import CHECKSUM_OFFSET, KEY_OFFSET, VALUE_OFFSET
 from kvtier.tiers.io import uring as _uring
 from kvtier.tiers.io.buffers import PAGE, address, aligned_array, huge_array
 
@@ -47,8 +47,6 @@ _U8 = np.dtype(np.uint8)
 _IOV = ctypes.sizeof(_uring.Iovec)
 SLOT = 2 * PAGE  # a header page and a tail page
 _ZERO8 = bytes(8)
-_KEY_AT = _CHECKSUM_OFFSET - 32  # header layout (kvtier.codec.container): ... key, raw and
-_VALUE_AT = _FMT.size - 8  # stored lengths, checksum, shape, value (f64), zero padding
 _F64 = struct.Struct("<d")
 _MAX_TEMPLATES = 64
 #: Bytes of huge-page staging per ring (see ``Staging``), unless a tier sets its own.
@@ -417,8 +415,8 @@ class RawHeaders:
         if t is None:
             plain = BlockMeta(meta.dtype, tuple(meta.shape))
             head, _ = pack_block(self.namespace, bytes(16), np.zeros(n, np.uint8), plain)
-            head = head[:_CHECKSUM_OFFSET] + _ZERO8 + head[_CHECKSUM_OFFSET + 8 :]
-            t = (head[:_KEY_AT], head[_KEY_AT + 16 : _VALUE_AT], head[_VALUE_AT + 8 :])
+            head = head[:CHECKSUM_OFFSET] + _ZERO8 + head[CHECKSUM_OFFSET + 8 :]
+            t = (head[:KEY_OFFSET], head[KEY_OFFSET + 16 : VALUE_OFFSET], head[VALUE_OFFSET + 8 :])
             if len(self._templates) >= _MAX_TEMPLATES:
                 self._templates.clear()
             self._templates[key] = t
@@ -440,14 +438,14 @@ def seal(zeroed: bytes, stored) -> tuple[bytes, int, xxhash.xxh3_64]:
     seed = h.copy()
     h.update(stored)
     checksum = h.intdigest()
-    at = _CHECKSUM_OFFSET
+    at = CHECKSUM_OFFSET
     head = zeroed[:at] + checksum.to_bytes(8, "little") + zeroed[at + 8 :]
     return head, checksum, seed
 
 
 def seed_of(head: bytes) -> xxhash.xxh3_64:
     """The xxh3 state of a header with its checksum field zeroed (see ``kvtier.codec``)."""
-    return xxhash.xxh3_64(head[:_CHECKSUM_OFFSET] + _ZERO8 + head[_CHECKSUM_OFFSET + 8 : 128])
+    return xxhash.xxh3_64(head[:CHECKSUM_OFFSET] + _ZERO8 + head[CHECKSUM_OFFSET + 8 : 128])
 
 
 __all__ = [

@@ -1,51 +1,30 @@
-"""Host DRAM tier: blocks in a preallocated slab arena, one memcpy per read.
+"""Host DRAM tier (``memory://``): blocks in a preallocated slot arena, one memcpy per read.
 
 Every block (its 128-byte header, then the stored payload) lives in fixed-size slots of one
-arena (see ``_slab``): the slot size comes from ``slot=`` or, by default, from the first block
-put (rounded up to 4 KiB), so same-sized KV chunks take one slot each; a payload of whole pages
-then starts on the slot's second page, as aligned as the caller's buffers. A block that is
-larger spans several slots (header and payload back to back). Slots are reused: no buffer is
-allocated per block on the hot path.
+arena (``arena``): the slot size comes from ``slot=`` or, by default, from the first block put
+(rounded up to 4 KiB), so same-sized KV chunks take one slot each; a payload of whole pages then
+starts on the slot's second page, as aligned as the caller's buffers. A larger block spans
+several slots. Slots are reused: no buffer is allocated per block on the hot path. The books
+(index, bytes, eviction order) are a :class:`~kvtier.tiers.ledger.BlockLedger`, whose index is a
+plain dict that readers look keys up in without the tier lock.
 
-A read copies straight from the slot into the caller's buffer, without the tier lock for the
-common case (a raw block in one slot, a one-dimensional uint8 buffer of its length, any
-stride): it looks the block up (an atomic dict lookup), copies (numpy releases the GIL), then
-checks that the block's slots were not freed meanwhile (``freed`` is set under the lock before
-a slot can be reused) and that the stored header still equals the one written; otherwise, and
-for every other case, it reads again under the lock, pinning the block so that its slots
-outlive the copy. Reads made without the lock reach the eviction policy through a queue
+A read copies straight from the slot into the caller's buffer without the lock for the common
+case (a raw block in one slot, a one-dimensional uint8 buffer of its length): it looks the
+block up, copies, then checks that the block's slots were not freed meanwhile (``freed`` is set
+under the lock before a slot can be reused) and that the stored header still equals the one
+written; otherwise, and for every other case, it reads again under the lock, pinning the block
+so that its slots outlive the copy. Unlocked reads reach the eviction policy through a queue
 applied, in order, before the policy is next consulted. Process memory is trusted, so the
 payload checksum is not recomputed on a read (``verifies_checksum=False``), but the header
 comparison means a block of another namespace or key, or a damaged header, is never served.
 
-The one-block read runs in C where the package was built with its extension
-(``_fastget.c``, ``native=auto|1|0``): the tier's ``get_many_into`` is then the C entry itself
-(no Python frame for a one-block request), which does the lookup, the copy with the GIL
-released, the freed and header checks and the recency append; the Python path is the same
-logic and serves everything else (misses, several blocks, other buffers, blocks in several
-slots). With several reader threads on few cores the Python around each copy is what they
-queue for: 256 KiB blocks, ``kvtier bench storage``, 1/4/16 threads, 0.95/0.72/1.01x of a plain
-copy in Python, 1.03/0.82/0.88x with a C read under a Python ``get_many_into``, 0.93-0.99/
-0.94-1.02/0.86-0.91x with the C entry and recency drained every 1024 reads (two runs).
-
-In Python, a block of at most ``gil_copy_max`` bytes (default 256 KiB) is copied holding the GIL (a
-``memoryview`` assignment); larger ones with ``numpy.copyto``, which releases it. A 256 KiB
-copy takes ~20 us here, less than a contended GIL hand-off costs: with numpy, threads that
-finished their copy queue for the GIL behind the Python of the others. Measured on the dev VM
-(2 cores), unlocked reads against ``numpy.copyto`` between preallocated buffers on as many
-threads, medians of 8 alternating runs, 1/4/16 threads: 256 KiB held 1.04/0.71/1.24x,
-released 0.93/0.58/0.71x; 1 MiB held 1.09/0.60/0.71x, released 1.02/0.75/0.78x.
-
-With torch already imported and CUDA available the arena is pinned (page-locked) memory, which
-host-to-device copies need for full speed; ``pin=0`` turns that off, ``pin=1`` requires it.
-
-The Python path alone (before the C path existed), ``kvtier bench storage`` against
-``numpy.copyto`` between preallocated buffers on as many threads, one run of 3 repeats on the
-dev VM (2 cores, load average 0.3-1.5), 1/4/16 threads: 256 KiB 1.04/0.63/1.02x, 1 MiB
-1.03/0.91/0.82x, the default 5.6 MiB blocks 1.11/0.92/0.90x. Its fixed cost per unlocked read
-was ~2 us (one thread, 4 KiB blocks, through ``get_many_into``); at 256 KiB on 4 threads the
-plain copy ran two copies at once on the two cores while the tier, holding the GIL or queueing
-for it, mostly ran one.
+The one-block read runs in C where the package was built with its extension (``_fastget.c``,
+``native=auto|1|0``): ``get_many_into`` is then the C entry itself, with no Python frame for a
+one-block request; the Python path is the same logic and serves everything else. In Python a
+block of at most ``gil_copy_max`` bytes is copied holding the GIL (shorter than a contended GIL
+hand-off), larger ones with ``numpy.copyto``, which releases it. With torch imported and CUDA
+available the arena is pinned (page-locked) memory; ``pin=0`` turns that off, ``pin=1``
+requires it. A tier larger than the host's RAM is refused.
 """
 
 from __future__ import annotations
@@ -85,10 +64,8 @@ except ImportError:  # not built here: the same path runs in Python
 
 _U8 = np.dtype(np.uint8)
 #: Recency updates queued by unlocked reads before a reader applies them (the policy sees them
-#: anyway before it next picks a victim). Each drain holds the GIL in one go and the readers
-#: that finish a copy meanwhile queue behind it: 4 threads reading 256 KiB blocks on the dev
-#: VM (2 cores) reached 0.86x of a plain copy draining every 64 reads, 0.94-0.96x every 1024
-#: (medians of 40 paired passes; 1024 keys take ~0.25 ms to drain).
+#: anyway before it next picks a victim). A drain holds the GIL in one go and readers that
+#: finish a copy meanwhile queue behind it, so drains are rare and never waited for.
 _TOUCH_MAX = 1024
 _TOUCH_WAIT = 16 * _TOUCH_MAX  # ... and before a reader waits for the lock to apply them
 

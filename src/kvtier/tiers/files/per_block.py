@@ -383,8 +383,12 @@ class DiskTier(FileTier):
     def _reserve(self, key: bytes, size: int) -> tuple[int, str] | None:
         """Room for a write of ``size`` bytes and the file it fills: (fd, its path) or None
         when there is no room (the filesystem's included)."""
+        final = self.block_path(key)
+        folder = final[: final.rindex("/")]
         try:
-            self._folder(key)
+            if folder not in self._dirs:
+                os.makedirs(folder, exist_ok=True)
+                self._dirs.add(folder)
         except OSError as exc:
             if exc.errno in NOSPACE:  # no inode for the folder: evicting files cannot help
                 return None
@@ -394,7 +398,7 @@ class DiskTier(FileTier):
         if not ok:
             return None
         try:
-            return self._create_tmp(key, reuse)
+            return self._create_tmp(final, reuse)
         except BaseException as exc:
             self._unreserve(size)
             if isinstance(exc, OSError) and exc.errno in NOSPACE:
@@ -427,17 +431,10 @@ class DiskTier(FileTier):
         write = _Write(key, fd, tmp, raw, plan, meta.value, fast)
         return write, IOOp(fd, plan.bufs, write=True)
 
-    def _folder(self, key: bytes) -> None:
-        """Make the folder ``key``'s block file goes in (once per folder)."""
-        folder = os.path.dirname(self.block_path(key))
-        if folder not in self._dirs:
-            os.makedirs(folder, exist_ok=True)
-            self._dirs.add(folder)
-
-    def _create_tmp(self, key: bytes, reuse: str | None) -> tuple[int, str]:
-        """Open the file a write fills before it is renamed into place: a kept file, written
-        where it lies (a torn write there leaves just a kept file), or a new temp file."""
-        final = self.block_path(key)
+    def _create_tmp(self, final: str, reuse: str | None) -> tuple[int, str]:
+        """Open the file a write fills before it is renamed into place as ``final``: a kept
+        file, written where it lies (a torn write there leaves just a kept file), or a new temp
+        file next to ``final``."""
         flags = self._rw_flags(write_only=True)
         stem = f"{final[: -len(SUFFIX)]}.{os.getpid()}."
         if reuse is not None:

@@ -13,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvtier.engines.hf import forward_keywords  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 CHUNK = 32
@@ -53,7 +55,8 @@ class Reference:
 
     @staticmethod
     def forward(model, ids, cache):
-        out = model(ids.unsqueeze(0), cache=cache, use_cache=True, logits_to_keep=1)
+        kw, _ = forward_keywords(model)  # the name this transformers version takes
+        out = model(ids.unsqueeze(0), **{kw: cache}, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
     def prefill(self, model, ids):

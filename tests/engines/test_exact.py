@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvtier.cache import CacheConfig, TieredCache  # noqa: E402
-from kvtier.engines.hf import HFEngine, model_namespace  # noqa: E402
+from kvtier.engines.hf import HFEngine, forward_keywords, model_namespace  # noqa: E402
 from kvtier.tiers.registry import open_tier  # noqa: E402
 
 CHUNK = 32
@@ -29,16 +29,17 @@ def _chunked_transformers(model, ids, new: int) -> tuple[torch.Tensor, list[int]
     """Plain transformers: prefill ``ids`` chunk by chunk, then greedy decode."""
     from transformers import DynamicCache
 
+    kw, _ = forward_keywords(model)  # the name this transformers version takes
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         for start in range(0, ids.numel(), CHUNK):
             piece = ids[start : start + CHUNK].unsqueeze(0)
-            out = model(piece, cache=cache, use_cache=True, logits_to_keep=1)
+            out = model(piece, **{kw: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
         tokens = [int(torch.argmax(logits))]
         while len(tokens) < new:
             step = torch.tensor([[tokens[-1]]])
-            out = model(step, cache=cache, use_cache=True, logits_to_keep=1)
+            out = model(step, **{kw: cache}, use_cache=True, logits_to_keep=1)
             tokens.append(int(torch.argmax(out.logits[0, -1])))
     return logits, tokens
 

@@ -214,6 +214,29 @@ def test_engine_needs_a_namespace(smol_fp32):
         HFEngine.from_loaded(smol_fp32).prefill([])
 
 
+def test_a_transformers_that_ignores_the_cache_is_refused_not_computed(smol_fp32, prompt):
+    from kvtier.engines.hf import UnsupportedCacheError, forward_keywords
+
+    kw, _ = forward_keywords(smol_fp32.model)
+    assert kw in ("cache", "past_key_values")
+    engine = HFEngine.from_loaded(smol_fp32)
+    # what a transformers whose forward drops our cache keyword does: computes without it
+    engine._cache_kw = "a_keyword_this_forward_ignores"
+    with pytest.raises(UnsupportedCacheError, match="did not grow"):
+        engine.generate(prompt[:40], 2)
+
+
+def test_kv_reuse_needs_a_supported_transformers():
+    from kvtier.engines.hf import UnsupportedCacheError, check_transformers
+
+    check_transformers()  # the installed one: the hf extra pins the supported range
+    for good in ("5.16.1", "5.19.0", "5.24.0"):
+        check_transformers(good)
+    for bad in ("5.15.9", "5.25.0", "6.0.0", "not-a-version"):
+        with pytest.raises(UnsupportedCacheError, match="outside the range"):
+            check_transformers(bad)
+
+
 def test_without_cache_the_engine_is_plain_transformers(smol_fp32, reference, prompt):
     ids = prompt[:40]
     result = HFEngine.from_loaded(smol_fp32).generate(ids, NEW)

@@ -69,11 +69,33 @@ def drop_caches() -> bool:
     return True
 
 
+_CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """This host's CPU model and the vector extensions it has, e.g. ``Xeon … (avx2,
+    avx512f, avx512_bf16)``, from ``/proc/cpuinfo`` (the platform's name elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model, flags = "", set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "model name" and not model:
+            model = value.strip()
+        elif name.strip() == "flags" and not flags:
+            flags = set(value.split())
+    have = [f for f in _CPU_FEATURES if f in flags]
+    return f"{model or platform.machine()} ({', '.join(have) or 'no AVX2'})"
+
+
 @dataclass(frozen=True)
 class BenchEnvironment:
     """The machine and the directory a storage benchmark used."""
 
     cpus: int
+    cpu: str  # model name and the vector extensions that change prefill and copy speed
     platform: str
     python: str
     fio: str | None
@@ -87,6 +109,7 @@ class BenchEnvironment:
         """Probe this machine (and ``directory`` when a disk tier is benchmarked)."""
         return cls(
             cpus=os.cpu_count() or 1,
+            cpu=cpu_description(),
             platform=platform.platform(),
             python=platform.python_version(),
             fio=fio,

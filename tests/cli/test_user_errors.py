@@ -13,14 +13,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvtier.testing.mounts import loop_mount, require_loop_mounts
-from kvtier.testing.users import as_nobody
+from kvtier.testing.users import as_nobody, root_owned_dir
 
 SCRIPT = shutil.which("kvtier", path=str(Path(sys.executable).parent))
 ENTRY = "from kvtier.cli.main import app; app()"
@@ -157,17 +156,11 @@ def cli_as_nobody(cwd: Path, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def root_owned() -> Iterator[Path]:
-    """A directory owned by root, mode 0o755: nobody can reach it but not write in it."""
-    base = Path(tempfile.mkdtemp(prefix="kvtier-perm-"))
-    try:
-        base.chmod(0o755)
-        locked = base / "locked"
-        locked.mkdir(mode=0o755)
-        locked.chmod(0o755)
+    """A directory owned by root, mode 0o755 (with ``cwd/`` inside): nobody can reach it but
+    not write in it."""
+    with root_owned_dir() as locked:
         (locked / "cwd").mkdir(mode=0o755)
         yield locked
-    finally:
-        shutil.rmtree(base)
 
 
 @pytest.mark.parametrize(

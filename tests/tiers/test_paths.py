@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import pickle
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from kvtier.errors import ConfigError, KvtierError, TierPathError
 from kvtier.testing.mounts import loop_mount, require_loop_mounts
-from kvtier.testing.users import as_nobody
+from kvtier.testing.users import as_nobody, root_owned_dir
 from kvtier.tiers.paths import usable_directory, writable_file
 from kvtier.tiers.registry import check_tier_url
 
@@ -44,17 +43,8 @@ def nobody_refusal(fn: Callable[[], object]) -> TierPathError | None:
 @pytest.fixture
 def root_owned() -> Iterator[Path]:
     """A directory owned by root, mode 0o755, that nobody can reach but not write."""
-    base = Path(tempfile.mkdtemp(prefix="kvtier-perm-"))
-    try:
-        base.chmod(0o755)
-        locked = base / "locked"
-        locked.mkdir(mode=0o755)
-        locked.chmod(0o755)
+    with root_owned_dir() as locked:
         yield locked
-    finally:
-        for path in sorted(base.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-        base.rmdir()
 
 
 @pytest.fixture

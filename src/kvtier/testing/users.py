@@ -14,9 +14,12 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,21 @@ def as_nobody(fn: Callable[[], object], attrs: Sequence[str] = ()) -> ChildOutco
     )
 
 
+@contextlib.contextmanager
+def root_owned_dir() -> Iterator[Path]:
+    """A new directory owned by root, mode 0o755, in a folder of the same mode: nobody can
+    reach it but not write in it. Removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="kvtier-perm-"))
+    try:
+        base.chmod(0o755)
+        locked = base / "locked"
+        locked.mkdir(mode=0o755)
+        locked.chmod(0o755)
+        yield locked
+    finally:
+        shutil.rmtree(base)
+
+
 def _drain(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 16):
@@ -101,4 +119,4 @@ def _drain(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-__all__ = ["ChildOutcome", "as_nobody"]
+__all__ = ["ChildOutcome", "as_nobody", "root_owned_dir"]

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from kvtier.cost.calibration import (
     CalibrationError,
@@ -25,6 +24,7 @@ from kvtier.cost.calibration import (
 )
 from kvtier.cost.model import CostModel
 from kvtier.keys import Namespace
+from kvtier.tiers.base import TierURL
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def mismatch(profile: CalibrationProfile, loaded, device: str, threads: int) -> 
 
 
 def _scheme(url: str) -> str:
-    return urlsplit(url).scheme
+    return TierURL.parse(url).scheme
 
 
 def match_tiers(

@@ -168,7 +168,7 @@ def test_blocks_staged_or_direct_round_trip_bit_exact(tmp_path: Path, budget: in
     # fit while a buffer is free; 0: none. Sizes straddle the 1 MiB unit and the page.
     sizes = [MiB - PAGE + 100, MiB, MiB + 100, MiB + PAGE, 300_000, 5 * MiB + 100, 2 * MiB]
     keys = [make_key(i) for i in range(len(sizes))]
-    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2, staging=budget) as tier:
+    with SlabTier(NS_A, tmp_path, 128 * MiB, io="uring", depth=2, staging=budget) as tier:
         assert all(tier.put_many(_items(keys, 1, sizes)))  # staged and direct writes
         outs = [aligned_array(n) for n in sizes]
         got = tier.get_many_into(keys, outs)  # staged and direct reads, one batch
@@ -178,7 +178,7 @@ def test_blocks_staged_or_direct_round_trip_bit_exact(tmp_path: Path, budget: in
         for i in (1, 5):  # a damaged payload, staged or not: an error, not data
             path, offset, _ = _slot(tier, keys[i])
             _flip(path, offset + PAGE + 5000 + i, 0)
-    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2, staging=budget) as again:
+    with SlabTier(NS_A, tmp_path, 128 * MiB, io="uring", depth=2, staging=budget) as again:
         outs = [aligned_array(n) for n in sizes]
         got = again.get_many_into(keys, outs)
         assert isinstance(got[1], BlockError) and isinstance(got[5], BlockError)

@@ -76,7 +76,7 @@ class _Entry:
     size: int  # bytes of the file
     raw: bool | None = None  # payload stored as is (codec raw); None until read
     known: KnownHeader | None = None  # the header last read from the file, bytes and parsed
-    fast: Known | None = None  # a raw block's header as stored: reads take the short path
+    fast: Known | None = None  # a raw block's header as stored: reads take the ring batch path
 
 
 @dataclass(slots=True)

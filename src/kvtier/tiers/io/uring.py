@@ -106,7 +106,7 @@ class Ring:
         self.entries = params.sq_entries
         self.pending = 0  # submitted or queued, not yet reaped
         self._to_submit = 0
-        self.short_slots = None  # the disk tier's scratch for batches on this ring (_short)
+        self.short_slots = None  # the file tiers' scratch for batches on this ring (io.batch)
 
     def _mmap(self, size: int, offset: int) -> mmap.mmap:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

@@ -51,6 +51,7 @@ from kvtier.specs import MiB, ModelSpec, format_bytes, get_model
 from kvtier.specs.model import dtype_bytes
 from kvtier.tiers import Tier, TierURL, open_tier
 from kvtier.tiers.base import IOProfile
+from kvtier.tiers.registry import DIRECTORY_SCHEMES
 
 StepCallback = Callable[[str], None]
 DEFAULT_DATA = 512 * MiB
@@ -177,9 +178,6 @@ class StorageBenchConfig:
 # --- tier-specific knowledge -------------------------------------------------------------------
 
 
-FILE_SCHEMES = ("file", "slab")  # tiers on a local filesystem, with fio as their reference
-
-
 def disk_io_profile(tier: Tier) -> IOProfile | None:
     """The I/O profile a file tier declares (None for other media): fio does the same."""
     return tier.io_profile
@@ -252,7 +250,7 @@ class StorageBench:
             (
                 Path(TierURL.parse(u).path)
                 for u in cfg.tiers
-                if TierURL.parse(u).scheme in FILE_SCHEMES
+                if TierURL.parse(u).scheme in DIRECTORY_SCHEMES
             ),
             None,
         )
@@ -273,7 +271,7 @@ class StorageBench:
         """Remove what the bench left in file tiers: its own namespace folder, nothing else."""
         for url in self.config.tiers:
             parsed = TierURL.parse(url)
-            if parsed.scheme in FILE_SCHEMES and parsed.path:
+            if parsed.scheme in DIRECTORY_SCHEMES and parsed.path:
                 shutil.rmtree(Path(parsed.path) / self.namespace.id.hex(), ignore_errors=True)
 
     # --- one tier ---------------------------------------------------------------------------

@@ -590,8 +590,7 @@ class SlabTier(FileTier):
         """Slots a file of class ``size`` grows by: a chunk scaled to the tier's size, never
         past what keeps the slab files' bytes near ``size=`` (preallocated slots count)."""
         chunk = min(GROW_BYTES, max(self.capacity // GROW_PARTS, size))
-        files = sum(f.slots * f.slot_size for fs in self._classes.values() for f in fs)
-        room = max(self.capacity - files, size)
+        room = max(self.capacity - self.file_bytes, size)
         return max(1, min(chunk, room) // size)
 
     def _reclaim_locked(self) -> int:

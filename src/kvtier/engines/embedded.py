@@ -183,6 +183,14 @@ def _converted(gguf: Path) -> tuple[Path, str]:
     return folder, fingerprint
 
 
+def embedded_model_folder() -> tuple[Path, str, str]:
+    """The embedded model as a safetensors folder that transformers and vLLM load (converted from
+    the GGUF on first use): (folder, weights fingerprint, model id)."""
+    gguf = embedded_gguf_path()
+    folder, fingerprint = _converted(gguf)
+    return folder, fingerprint, gguf.stem
+
+
 def load_model(
     name_or_path: str | None = None,
     dtype: str | Any = "bf16",

@@ -10,9 +10,10 @@ import pytest
 from kvtier.cli.main import app
 
 TINY_ARGS = (
-    "--dtype fp32 --chunk-tokens 32 --system-tokens 64 --chat-sessions 1 --chat-turns 2 "
-    "--turn-tokens 16 --docs 1 --doc-tokens 32 --rag-requests 1 --question-tokens 16 "
-    "--agent-sessions 0 --max-new-tokens 2 --dram-size 32MiB --disk-size 256MiB"
+    "--engine hf --dtype fp32 --chunk-tokens 32 --system-tokens 64 --chat-sessions 1 "
+    "--chat-turns 2 --turn-tokens 16 --docs 1 --doc-tokens 32 --rag-requests 1 "
+    "--question-tokens 16 --agent-sessions 0 --max-new-tokens 2 --dram-size 32MiB "
+    "--disk-size 256MiB"
 ).split()
 
 

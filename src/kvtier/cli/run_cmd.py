@@ -1,11 +1,16 @@
-"""``kvtier run``: the main job — a realistic workload through a real model, kvtier vs recompute.
+"""``kvtier run``: the main job — a realistic workload through a real model, with and without
+kvtier.
 
-torch/transformers are imported inside the command, so other commands stay fast.
+``--engine vllm`` (the default) drives the embedded model through vLLM's OpenAI server, alone and
+with kvtier's KV connector (:mod:`kvtier.run.vllm_job`); ``--engine hf`` runs the transformers
+job, kvtier vs recompute-only (:mod:`kvtier.run.job`). torch, transformers and vLLM are imported
+inside the command, so other commands stay fast.
 """
 
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,11 +20,39 @@ from kvtier.workloads.sessions import WorkloadSpec
 
 if TYPE_CHECKING:
     from kvtier.run.job import RunConfig
+    from kvtier.run.vllm_job import VllmRunConfig
 
 _W = WorkloadSpec()
 
 
+class Engine(StrEnum):
+    """The engines ``kvtier run`` drives."""
+
+    vllm = "vllm"
+    hf = "hf"
+
+
+#: Options that only one engine's job reads (given with the other engine: a one-line error).
+HF_ONLY = (
+    "model", "dtype", "device", "tier", "profile", "calibrate", "admission", "refine", "exact",
+    "reuse", "system_tokens", "chat_sessions", "chat_turns", "turn_tokens", "docs",
+    "doc_tokens", "rag_requests", "question_tokens", "agent_sessions", "agent_steps",
+    "tool_tokens", "tool_pause",
+)  # fmt: skip
+VLLM_ONLY = ("pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir")
+#: Defaults that differ by engine (None on the command line: the engine's own).
+HF_DEFAULTS = {"chunk_tokens": 64, "dram_size": "8MiB", "disk_size": "4GiB", "max_new_tokens": 6}
+
+
 def run_command(
+    ctx: typer.Context,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="vllm: vLLM alone vs vLLM + kvtier's connector on a long-context workload; "
+            "hf: the transformers job, kvtier vs recompute-only."
+        ),
+    ] = Engine.vllm,
     model: Annotated[
         str,
         typer.Option(
@@ -30,18 +63,56 @@ def run_command(
     device: Annotated[
         str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
     ] = None,
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per KV chunk (block).")] = 64,
+    chunk_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per KV chunk (block) (vllm: 256, hf: 64).")
+    ] = None,
     dram_size: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Size of the DRAM tier; small by default so that the disk tier serves part of "
-            "the reuse (the working set is a few tens of MiB)."
+            help="Size of the DRAM tier; smaller than the working set so that the disk tier "
+            "serves part of the reuse (vllm: 60% of the workload's KV, hf: 8MiB)."
         ),
-    ] = "8MiB",
+    ] = None,
     disk_dir: Annotated[
-        Path, typer.Option("--disk-dir", help="Directory of the local-disk tier.")
+        Path,
+        typer.Option(
+            "--disk-dir", help="Directory of the local-disk tier (vllm: and of the run's logs)."
+        ),
     ] = Path(".kvtier/run"),
-    disk_size: Annotated[str, typer.Option(help="Size of the local-disk tier.")] = "4GiB",
+    disk_size: Annotated[
+        str | None,
+        typer.Option(help="Size of the local-disk tier (vllm: twice the workload's KV, hf: 4GiB)."),
+    ] = None,
+    pool_blocks: Annotated[
+        int, typer.Option(help="vllm: the engine's KV pool in 128-token blocks (both phases).")
+    ] = 72,
+    concurrency: Annotated[
+        int, typer.Option(help="vllm: requests in flight at once, at most.")
+    ] = 4,
+    budget: Annotated[
+        float,
+        typer.Option(
+            help="vllm: seconds the whole run aims at; the workload shrinks to fit the "
+            "prefill speed measured at the start (never below 2k-token prompts)."
+        ),
+    ] = 300.0,
+    scale: Annotated[
+        float | None,
+        typer.Option(
+            help="vllm: run the workload at this scale (0: smallest, 1: full) instead of "
+            "fitting it to --budget."
+        ),
+    ] = None,
+    kvtier: Annotated[
+        bool | None,
+        typer.Option(
+            "--kvtier/--no-kvtier",
+            help="vllm: run the vLLM + kvtier phase (default: when the connector is installed).",
+        ),
+    ] = None,
+    shm_dir: Annotated[
+        Path, typer.Option(help="vllm: where kvtier's host-memory tier lives (a tmpfs).")
+    ] = Path("/dev/shm"),
     tier: Annotated[
         list[str] | None,
         typer.Option(
@@ -85,7 +156,12 @@ def run_command(
         ),
     ] = False,
     keep: Annotated[
-        bool, typer.Option("--keep", help="Leave the disk tier's blocks in place afterwards.")
+        bool,
+        typer.Option(
+            "--keep",
+            help="Leave the disk tier's blocks (vllm: the run's folder and the /dev/shm tier) "
+            "in place afterwards.",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed of the workload's texts.")] = _W.seed,
     system_tokens: Annotated[
@@ -111,19 +187,51 @@ def run_command(
         float, typer.Option(help="Seconds each tool call pauses.")
     ] = _W.tool_pause_s,
     max_new_tokens: Annotated[
-        int, typer.Option(help="Tokens generated per request.")
-    ] = _W.max_new_tokens,
+        int | None, typer.Option(help="Tokens generated per request (vllm: 16, hf: 6).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", "--out", help="Write PNG plots into this directory."),
     ] = None,
 ) -> None:
-    """Run chat, RAG and agentic sessions through a real model with kvtier and recompute-only."""
+    """Run chats, RAG, agentic sessions (vllm: and code bursts) through a real model, with kvtier
+    and without."""
+    from kvtier.errors import ConfigError
+
+    engine_name = Engine(engine).value
+    given = {name for name in (*HF_ONLY, *VLLM_ONLY) if _given(ctx, name)}
+    other = sorted(given & set(VLLM_ONLY if engine_name == "hf" else HF_ONLY))
+    if other:
+        names = ", ".join("--" + n.replace("_", "-") for n in other)
+        raise ConfigError(f"{names}: not an option of --engine {engine_name}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if engine_name == "vllm":
+        config = VllmArgs(
+            chunk_tokens=chunk_tokens,
+            dram_size=dram_size,
+            disk_size=disk_size,
+            disk_dir=disk_dir,
+            pool_blocks=pool_blocks,
+            concurrency=concurrency,
+            budget=budget,
+            scale=scale,
+            kvtier=kvtier,
+            shm_dir=shm_dir,
+            keep=keep,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+        ).config()
+        check_vllm_run(config, plot)  # before the server starts
+        _run_vllm(config, json_out, plot)
+        return
+    chunk_tokens = HF_DEFAULTS["chunk_tokens"] if chunk_tokens is None else chunk_tokens
+    dram_size = dram_size or HF_DEFAULTS["dram_size"]
+    disk_size = disk_size or HF_DEFAULTS["disk_size"]
+    max_new_tokens = HF_DEFAULTS["max_new_tokens"] if max_new_tokens is None else max_new_tokens
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvtier.run.job import RunConfig, run_job, total_steps
 
     spec = WorkloadSpec(
@@ -190,6 +298,120 @@ def run_command(
 
         for path in write_plots(report, plot):
             err.print(f"plot saved to {path}")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given (on the command line or in the environment)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+class VllmArgs:
+    """The vLLM job's command-line values, turned into a :class:`VllmRunConfig`."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def config(self) -> VllmRunConfig:
+        """The run's config (ConfigError for unreadable sizes or impossible numbers)."""
+        from dataclasses import replace
+
+        from kvtier.errors import ConfigError
+        from kvtier.run.vllm_job import VllmRunConfig
+        from kvtier.specs.units import parse_size
+        from kvtier.workloads.longctx import LongContextSpec, scaled
+
+        v = self.values
+        sizes = {}
+        for option, key in (("--dram-size", "dram_size"), ("--disk-size", "disk_size")):
+            if v[key] is None:
+                sizes[key] = None
+                continue
+            try:
+                sizes[key] = int(parse_size(v[key]))
+            except ConfigError as exc:
+                raise ConfigError(f"{option}: {exc}") from None
+        spec = LongContextSpec(seed=v["seed"])
+        if v["max_new_tokens"] is not None:
+            if v["max_new_tokens"] < 1:
+                raise ConfigError("--max-new-tokens must be at least 1")
+            spec = replace(spec, output_tokens=v["max_new_tokens"])
+        if v["scale"] is not None:
+            if not 0 <= v["scale"] <= 1:
+                raise ConfigError(f"--scale must be within [0, 1], got {v['scale']}")
+            spec = scaled(spec, v["scale"])
+        return VllmRunConfig(
+            workload=spec,
+            pool_blocks=v["pool_blocks"],
+            concurrency=v["concurrency"],
+            budget_s=v["budget"],
+            fit_budget=v["scale"] is None,
+            chunk_tokens=256 if v["chunk_tokens"] is None else v["chunk_tokens"],
+            dram_size=sizes["dram_size"],
+            disk_size=sizes["disk_size"],
+            work_dir=v["disk_dir"],
+            shm_dir=v["shm_dir"],
+            kvtier=v["kvtier"],
+            keep=v["keep"],
+        )
+
+
+def check_vllm_run(config: VllmRunConfig, plot: Path | None = None) -> None:
+    """Refuse a vLLM job that cannot run (vLLM or httpx missing, unusable folders) before any
+    server starts; the checks leave nothing behind."""
+    import importlib.util
+
+    from kvtier.errors import MissingExtraError
+    from kvtier.tiers.paths import usable_directory
+
+    for module in ("vllm", "httpx"):
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError("kvtier run --engine vllm", "vllm", module)
+    usable_directory(config.work_dir, "--disk-dir", keep=False)
+    if config.kvtier is not False:
+        usable_directory(config.shm_dir, "--shm-dir", keep=False)
+    if plot is not None:
+        usable_directory(plot, "--plot", keep=False)
+
+
+def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvtier.run.vllm_job import run_vllm_job
+    from kvtier.run.vllm_report import render
+
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("kvtier run", total=None)
+
+        def step(label: str, done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total, description=label)
+
+        report = run_vllm_job(config, progress=step)
+    if json_out:
+        typer.echo(report.to_json())
+    else:
+        out = Console()
+        if not out.is_terminal:
+            out.width = max(out.width, 120)
+        render(report, out)
+    if plot is not None:
+        from kvtier.run.vllm_plot import write_plots
+
+        for path in write_plots(report, plot):
+            err.print(f"plot saved to {path}")
+    if report.failed:
+        for failure in report.failed:
+            typer.secho(f"error: {failure}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(1)
 
 
 def check_run(config: RunConfig, plot: Path | None = None) -> None:

@@ -1,0 +1,260 @@
+"""The vLLM job's client: streamed completions over token ids, and ``/metrics`` scrapes.
+
+Requests go to vLLM's OpenAI completions API with ``prompt`` as a list of token ids, greedy
+(``temperature`` 0), a fixed answer length (``ignore_eos``) and ``stream`` on, so the time to
+the first streamed chunk is the time to first token seen by a client. The final usage chunk
+carries the tokens vLLM found cached and its own timings (the server runs with
+``--enable-prompt-tokens-details --enable-per-request-metrics``). httpx is imported when used
+(vLLM brings it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvtier.errors import KvtierError
+
+#: Label names dropped from scraped series (the same on every series of one server).
+_DROPPED_LABELS = ("engine", "model_name")
+#: Scraped series kept: vLLM's request, token and cache counters, and every kvtier one.
+METRIC_PREFIXES = (
+    "vllm:prefix_cache_",
+    "vllm:external_prefix_cache_",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "kvtier_",
+    "kvtier:",
+)
+
+
+class RequestError(KvtierError):
+    """A completion request failed (HTTP error, broken stream, or no token came back)."""
+
+
+def prompt_hash(token_ids: Iterable[int]) -> str:
+    """xxh3-64 (hex) of token ids as little-endian uint32: how the connector's records name a
+    prompt."""
+    return xxhash.xxh3_64_hexdigest(np.asarray(list(token_ids), "<u4").tobytes())
+
+
+@dataclass
+class Completion:
+    """What one streamed completion returned, timed on the client.
+
+    ``ttft_s``: send → first streamed token; ``e2e_s``: send → end of stream;
+    ``cached_tokens``: prompt tokens vLLM did not compute (its own prefix cache plus what a
+    KV connector loaded); ``server``: vLLM's per-request timings (milliseconds, its names).
+    """
+
+    output_ids: list[int]
+    prompt_tokens: int
+    ttft_s: float
+    e2e_s: float
+    cached_tokens: int | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    server: dict[str, float] = field(default_factory=dict)
+
+
+def completion_body(
+    model: str, prompt: list[int], max_tokens: int, *, ignore_eos: bool = True
+) -> dict[str, Any]:
+    """The JSON body of a streamed, greedy completion over token ids."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def read_chunk(line: str) -> dict[str, Any] | None:
+    """One server-sent-events line as its JSON chunk (None for blank lines and ``[DONE]``)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == "[DONE]":
+        return None
+    chunk = json.loads(data)
+    if not isinstance(chunk, dict):
+        raise RequestError(f"unexpected stream chunk {data[:80]!r}")
+    if "error" in chunk:
+        raise RequestError(f"vLLM answered an error: {chunk['error']}")
+    return chunk
+
+
+class CompletionStream:
+    """Accumulates one stream's chunks into a :class:`Completion` (clock started by the caller)."""
+
+    def __init__(self, sent: float, prompt_tokens: int):
+        self.sent = sent
+        self.prompt_tokens = prompt_tokens
+        self.ttft_s: float | None = None
+        self.output_ids: list[int] = []
+        self.token_times_s: list[float] = []
+        self.cached: int | None = None
+        self.server: dict[str, float] = {}
+
+    def feed(self, chunk: Mapping[str, Any], now: float) -> None:
+        for choice in chunk.get("choices") or ():
+            ids = choice.get("token_ids") or []
+            if ids and self.ttft_s is None:
+                self.ttft_s = now - self.sent
+            self.output_ids += [int(t) for t in ids]
+            self.token_times_s += [now - self.sent] * len(ids)
+        usage = chunk.get("usage")
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                self.cached = int(details["cached_tokens"])
+            self.prompt_tokens = int(usage.get("prompt_tokens", self.prompt_tokens))
+        metrics = chunk.get("metrics")
+        if isinstance(metrics, dict):
+            self.server = {
+                k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and v == v
+            }
+
+    def done(self, now: float) -> Completion:
+        if self.ttft_s is None:
+            raise RequestError("the stream ended without a token")
+        return Completion(
+            self.output_ids,
+            self.prompt_tokens,
+            self.ttft_s,
+            now - self.sent,
+            self.cached,
+            self.token_times_s,
+            self.server,
+        )
+
+
+async def complete(
+    client: Any, base_url: str, model: str, prompt: list[int], max_tokens: int
+) -> Completion:
+    """Stream one completion through an ``httpx.AsyncClient``; RequestError on failure."""
+    import httpx
+
+    body = completion_body(model, prompt, max_tokens)
+    sent = time.perf_counter()
+    stream = CompletionStream(sent, len(prompt))
+    try:
+        async with client.stream("POST", base_url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                raise RequestError(f"vLLM answered HTTP {r.status_code}: {text[:300]}")
+            async for line in r.aiter_lines():
+                chunk = read_chunk(line)
+                if chunk is not None:
+                    stream.feed(chunk, time.perf_counter())
+    except httpx.HTTPError as exc:
+        raise RequestError(f"request to {base_url} failed: {exc!r}") from None
+    return stream.done(time.perf_counter())
+
+
+def complete_sync(
+    base_url: str, model: str, prompt: list[int], max_tokens: int, timeout_s: float = 600
+) -> Completion:
+    """:func:`complete` without an event loop (warm-up and probes)."""
+    import httpx
+
+    body = completion_body(model, prompt, max_tokens)
+    sent = time.perf_counter()
+    stream = CompletionStream(sent, len(prompt))
+    try:
+        with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                raise RequestError(f"vLLM answered HTTP {r.status_code}: {r.read()[:300]!r}")
+            for line in r.iter_lines():
+                chunk = read_chunk(line)
+                if chunk is not None:
+                    stream.feed(chunk, time.perf_counter())
+    except httpx.HTTPError as exc:
+        raise RequestError(f"request to {base_url} failed: {exc!r}") from None
+    return stream.done(time.perf_counter())
+
+
+def parse_metrics(text: str, prefixes: tuple[str, ...] = METRIC_PREFIXES) -> dict[str, float]:
+    """Prometheus text → ``{"name{label=value,…}": value}`` for the series named by ``prefixes``
+    (``*_created`` timestamps and the engine/model labels dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.startswith(prefixes) or name.endswith("_created"):
+                continue
+            labels = {k: v for k, v in sample.labels.items() if k not in _DROPPED_LABELS}
+            key = name + (
+                "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+                if labels
+                else ""
+            )
+            out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def scrape_metrics(base_url: str, timeout_s: float = 10) -> dict[str, float]:
+    """The server's ``/metrics`` as :func:`parse_metrics` gives it ({} when it cannot be read)."""
+    import httpx
+
+    try:
+        r = httpx.get(base_url + "/metrics", timeout=timeout_s)
+        r.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    return parse_metrics(r.text)
+
+
+def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``after - before`` per series (counters and histogram sums/buckets; a new series whole)."""
+    return {
+        k: round(v - before.get(k, 0.0), 6) for k, v in after.items() if v - before.get(k, 0.0) != 0
+    }
+
+
+def served_model(base_url: str, timeout_s: float = 10) -> str:
+    """The name of the model a server serves (its first ``/v1/models`` entry)."""
+    import httpx
+
+    try:
+        r = httpx.get(base_url + "/v1/models", timeout=timeout_s)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise RequestError(f"cannot list the models of {base_url}: {exc!r}") from None
+
+
+__all__ = [
+    "METRIC_PREFIXES",
+    "Completion",
+    "CompletionStream",
+    "RequestError",
+    "complete",
+    "complete_sync",
+    "completion_body",
+    "metrics_delta",
+    "parse_metrics",
+    "prompt_hash",
+    "read_chunk",
+    "scrape_metrics",
+    "served_model",
+]

@@ -1,0 +1,318 @@
+"""Token-level long-context workloads: chats, RAG, agentic sessions and code-assistant bursts.
+
+Prompts are lists of token ids drawn from a seeded generator (no tokenizer, no text), long from
+the first request on (the first prompt of every session is at least ``min_prompt_tokens``):
+
+- **chat**: sessions share the system prompt; each turn is the previous prompt, the model's
+  answer and a new user message, after a short think time;
+- **rag**: one-shot questions over long shared documents (system prompt + document + question),
+  a document asked about again later, after other sessions pushed it out of engine memory;
+- **agent**: a task, then tool results; before each tool result the session pauses (the tool
+  runs for seconds) and resumes on its whole history;
+- **code**: bursts of requests a few hundred milliseconds apart over one repository context
+  (system prompt + repository + an edit), the same repository coming back in a later burst.
+
+Sessions arrive at seeded, gamma-spaced times, the kinds taking turns. A session's next prompt
+depends on the previous answer, so a runner asks for it only after that answer
+(:meth:`Session.steps`, then :meth:`Session.answer`); :func:`dry_run` plays a workload with
+placeholder answers, for sizing and for a simulator. Nothing here talks to an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+import numpy as np
+
+from kvtier.errors import ConfigError
+
+Kind = Literal["chat", "rag", "agent", "code"]
+KINDS: tuple[Kind, ...] = ("chat", "rag", "agent", "code")
+
+
+@dataclass(frozen=True)
+class LongContextSpec:
+    """Shape and size of a long-context workload (token counts are exact).
+
+    ``vocab`` bounds the drawn token ids (``[low, high)``); ``output_tokens`` is the answer
+    length asked of the engine per request; ``arrival_gap_s`` the mean gap between session
+    starts (a code burst starts once, its requests ``burst_gap_s`` apart).
+    """
+
+    seed: int = 0
+    vocab: tuple[int, int] = (1000, 40000)
+    min_prompt_tokens: int = 2048
+    output_tokens: int = 16
+    arrival_gap_s: float = 1.5
+    system_tokens: int = 1024
+    chat_sessions: int = 3
+    chat_turns: int = 4
+    chat_opening_tokens: int = 1280
+    user_tokens: int = 256
+    think_s: float = 1.0
+    docs: int = 2
+    doc_tokens: int = 3072
+    rag_questions: int = 4
+    question_tokens: int = 128
+    agent_sessions: int = 2
+    agent_steps: int = 4
+    task_tokens: int = 1280
+    tool_tokens: int = 512
+    tool_pause_s: float = 4.0
+    repos: int = 1
+    repo_tokens: int = 4096
+    code_bursts: int = 2
+    burst_requests: int = 3
+    edit_tokens: int = 192
+    burst_gap_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        low, high = self.vocab
+        if not 0 <= low < high:
+            raise ConfigError(f"vocab must be [low, high) with 0 <= low < high, got {self.vocab}")
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
+        negative = [name for name, value in counts.items() if value < 0]
+        if negative:
+            raise ConfigError(f"workload counts cannot be negative: {', '.join(negative)}")
+        if self.output_tokens < 1 or self.system_tokens < 1:
+            raise ConfigError("output_tokens and system_tokens must be at least 1")
+        if self.rag_questions and not self.docs:
+            raise ConfigError("RAG questions need at least one document (docs >= 1)")
+        if self.code_bursts and not (self.repos and self.burst_requests):
+            raise ConfigError("code bursts need a repository and requests (repos, burst_requests)")
+        pauses = (self.arrival_gap_s, self.think_s, self.tool_pause_s, self.burst_gap_s)
+        if min(pauses) < 0:
+            raise ConfigError("arrival gaps, think times and pauses cannot be negative")
+        short = {k: n for k, n in self.first_prompt_tokens().items() if n < self.min_prompt_tokens}
+        if short:
+            named = ", ".join(f"{k} {n}" for k, n in short.items())
+            raise ConfigError(
+                f"first prompts shorter than {self.min_prompt_tokens} tokens: {named}; "
+                "give longer openings, documents, tasks or repositories"
+            )
+
+    def first_prompt_tokens(self) -> dict[Kind, int]:
+        """Length of the first prompt of each kind of session present in the workload."""
+        s = self.system_tokens
+        out: dict[Kind, int] = {}
+        if self.chat_sessions and self.chat_turns:
+            out["chat"] = s + self.chat_opening_tokens
+        if self.rag_questions:
+            out["rag"] = s + self.doc_tokens + self.question_tokens
+        if self.agent_sessions and self.agent_steps:
+            out["agent"] = s + self.task_tokens
+        if self.code_bursts:
+            out["code"] = s + self.repo_tokens + self.edit_tokens
+        return out
+
+    def longest_prompt_tokens(self) -> int:
+        """Length of the longest prompt the workload sends (answers at ``output_tokens``)."""
+        grow = {
+            "chat": max(self.chat_turns - 1, 0) * (self.output_tokens + self.user_tokens),
+            "agent": max(self.agent_steps - 1, 0) * (self.output_tokens + self.tool_tokens),
+        }
+        return max(
+            (n + grow.get(k, 0) for k, n in self.first_prompt_tokens().items()),
+            default=0,
+        )
+
+    def requests(self) -> int:
+        """Requests in the workload."""
+        return (
+            self.chat_sessions * self.chat_turns
+            + self.rag_questions
+            + self.agent_sessions * self.agent_steps
+            + self.code_bursts * self.burst_requests
+        )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one request adds to its session, after a wait (think time, a tool call)."""
+
+    tokens: tuple[int, ...]
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One request of a session: its prompt, how long to wait before sending it, answer size."""
+
+    session: str
+    index: int
+    prompt: list[int]
+    delay_s: float
+    max_tokens: int
+
+
+@dataclass
+class Session:
+    """A session: a shared context, then turns; each prompt extends the previous one.
+
+    ``arrival_s`` is when the session starts, from the start of the workload; the first turn's
+    ``delay_s`` counts from there, the others' from the previous answer.
+    """
+
+    name: str
+    kind: Kind
+    arrival_s: float
+    context: tuple[int, ...]
+    turns: list[Turn]
+    max_tokens: int
+    history: list[int] = field(default_factory=list)
+
+    def steps(self) -> Iterator[Step]:
+        """The session's requests in order; call :meth:`answer` before asking for the next."""
+        self.history = list(self.context)
+        for i, turn in enumerate(self.turns):
+            self.history = self.history + list(turn.tokens)
+            yield Step(self.name, i, list(self.history), turn.delay_s, self.max_tokens)
+
+    def answer(self, token_ids: list[int]) -> None:
+        """Append the engine's answer to the history the next turn builds on."""
+        self.history = self.history + [int(t) for t in token_ids]
+
+
+class _Tokens:
+    """Seeded token ids in ``[low, high)``."""
+
+    def __init__(self, seed: int, vocab: tuple[int, int]):
+        self._rng = np.random.default_rng(seed)
+        self._low, self._high = vocab
+
+    def draw(self, n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in self._rng.integers(self._low, self._high, n))
+
+
+def build_sessions(spec: LongContextSpec) -> list[Session]:
+    """The sessions of a workload, ordered by arrival time (deterministic for a seed)."""
+    tok = _Tokens(spec.seed, spec.vocab)
+    rng = np.random.default_rng([spec.seed, 1])
+    out_n = spec.output_tokens
+    system = tok.draw(spec.system_tokens)
+    docs = [tok.draw(spec.doc_tokens) for _ in range(spec.docs)]
+    repos = [tok.draw(spec.repo_tokens) for _ in range(spec.repos)]
+    # Each entry: a function of the start time giving the sessions starting then.
+    starts: list[Callable[[float], list[Session]]] = []
+
+    def chat(c: int) -> Callable[[float], list[Session]]:
+        turns = [Turn(tok.draw(spec.chat_opening_tokens))]
+        turns += [
+            Turn(tok.draw(spec.user_tokens), spec.think_s) for _ in range(spec.chat_turns - 1)
+        ]
+        return lambda t: [Session(f"chat-{c}", "chat", t, system, turns, out_n)]
+
+    def rag(q: int) -> Callable[[float], list[Session]]:
+        d = q % spec.docs
+        turns = [Turn(tok.draw(spec.question_tokens))]
+        return lambda t: [Session(f"rag-{q}.doc{d}", "rag", t, system + docs[d], turns, out_n)]
+
+    def agent(a: int) -> Callable[[float], list[Session]]:
+        turns = [Turn(tok.draw(spec.task_tokens))]
+        turns += [
+            Turn(tok.draw(spec.tool_tokens), spec.tool_pause_s) for _ in range(spec.agent_steps - 1)
+        ]
+        return lambda t: [Session(f"agent-{a}", "agent", t, system, turns, out_n)]
+
+    def burst(b: int) -> Callable[[float], list[Session]]:
+        r = b % spec.repos
+        edits = [tok.draw(spec.edit_tokens) for _ in range(spec.burst_requests)]
+        context = system + repos[r]
+        return lambda t: [
+            Session(
+                f"code-{b}.{i}.repo{r}", "code", t + i * spec.burst_gap_s, context, [Turn(e)], out_n
+            )
+            for i, e in enumerate(edits)
+        ]
+
+    by_kind: list[list[Callable[[float], list[Session]]]] = [
+        [chat(c) for c in range(spec.chat_sessions)] if spec.chat_turns else [],
+        [rag(q) for q in range(spec.rag_questions)],
+        [agent(a) for a in range(spec.agent_sessions)] if spec.agent_steps else [],
+        [burst(b) for b in range(spec.code_bursts)],
+    ]
+    # Kinds take turns (in a seeded order), so a document or repository comes back only after
+    # the other kinds' sessions: what it left in engine memory has had time to be evicted.
+    kinds = [by_kind[int(k)] for k in rng.permutation(len(by_kind))]
+    for r in range(max(len(k) for k in kinds)):
+        starts += [k[r] for k in kinds if r < len(k)]
+    # Gamma-distributed gaps (shape 4): arrivals vary without the bursts of a Poisson process.
+    gaps = rng.gamma(4.0, spec.arrival_gap_s / 4.0, len(starts)) if spec.arrival_gap_s else None
+    sessions: list[Session] = []
+    t = 0.0
+    for k, start in enumerate(starts):
+        if k and gaps is not None:
+            t += float(gaps[k])
+        sessions += start(round(t, 3))
+    return sorted(sessions, key=lambda s: (s.arrival_s, s.name))
+
+
+def placeholder_answer(step: Step) -> list[int]:
+    """A stand-in answer of ``max_tokens`` ids, derived from the prompt (same prompt, same ids)."""
+    rng = np.random.default_rng([len(step.prompt), *step.prompt[-4:]])
+    return [int(t) for t in rng.integers(1000, 40000, step.max_tokens)]
+
+
+def dry_run(
+    sessions: list[Session], answer: Callable[[Step], list[int]] = placeholder_answer
+) -> list[tuple[Session, Step]]:
+    """Every request of ``sessions`` (session by session), answering each with ``answer``."""
+    out: list[tuple[Session, Step]] = []
+    for session in sessions:
+        for step in session.steps():
+            out.append((session, step))
+            session.answer(answer(step))
+    return out
+
+
+def scaled(spec: LongContextSpec, f: float) -> LongContextSpec:
+    """A smaller workload of the same shape: ``f`` = 1 is ``spec``, 0 the smallest one.
+
+    Counts shrink towards one session of each kind present (chats and agents keep two turns,
+    RAG and code keep a repeat so reuse stays), lengths towards what keeps every first prompt
+    at ``min_prompt_tokens``.
+    """
+    if not 0 <= f <= 1:
+        raise ConfigError(f"scale must be within [0, 1], got {f}")
+    if f == 1:
+        return spec
+
+    def toward(n: int, floor: int) -> int:
+        return n if n <= floor else round(floor + (n - floor) * f)
+
+    floor = spec.min_prompt_tokens - spec.system_tokens
+    s = spec
+    return replace(
+        s,
+        chat_sessions=toward(s.chat_sessions, 1),
+        chat_turns=toward(s.chat_turns, 2),
+        chat_opening_tokens=toward(s.chat_opening_tokens, floor),
+        user_tokens=toward(s.user_tokens, 64),
+        docs=toward(s.docs, 1),
+        doc_tokens=toward(s.doc_tokens, floor - s.question_tokens),
+        rag_questions=toward(s.rag_questions, 2 * min(s.docs, 1)),
+        agent_sessions=toward(s.agent_sessions, 1),
+        agent_steps=toward(s.agent_steps, 2),
+        task_tokens=toward(s.task_tokens, floor),
+        tool_tokens=toward(s.tool_tokens, 128),
+        repos=toward(s.repos, 1),
+        repo_tokens=toward(s.repo_tokens, floor - s.edit_tokens),
+        code_bursts=toward(s.code_bursts, 2 * min(s.repos, 1)),
+        burst_requests=toward(s.burst_requests, 2),
+    )
+
+
+__all__ = [
+    "KINDS",
+    "Kind",
+    "LongContextSpec",
+    "Session",
+    "Step",
+    "Turn",
+    "build_sessions",
+    "dry_run",
+    "placeholder_answer",
+    "scaled",
+]

@@ -38,6 +38,10 @@ CONNECTOR_API: Mapping[str, tuple[str, ...]] = {
     "get_finished": ("finished_req_ids",),
     "get_block_ids_with_load_errors": (),
     "handle_preemptions": ("kv_connector_metadata",),
+    "bind_connector_metadata": ("connector_metadata",),
+    "clear_connector_metadata": (),
+    "get_kv_connector_stats": (),
+    "shutdown": (),
     "build_kv_connector_stats": ("data",),
     "build_prom_metrics": ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
 }

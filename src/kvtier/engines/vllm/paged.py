@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvtier.errors import ConfigError
@@ -69,36 +70,74 @@ class PagedLayout:
         return self.layers * self.blocks_per_chunk(chunk_tokens) * self.block_bytes
 
 
-def _chunk_view(layout: PagedLayout, blocks: int, buf) -> torch.Tensor:
-    """``buf`` (a contiguous byte buffer of one chunk) as ``[layers, blocks, *block_shape]``."""
-    flat = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+def byte_views(caches: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Each layer's cache as a numpy ``[num_blocks, block bytes]`` uint8 array (no copy).
+
+    Blocks are moved as whole byte rows with numpy slice copies (plain memcpy): torch's
+    ``index_copy_`` and ``index_select`` take a slow element-wise path for these shapes.
+    """
+    return [c.view(torch.uint8).numpy().reshape(c.shape[0], -1) for c in caches]
+
+
+def _chunk_rows(layout: PagedLayout, blocks: int, buf) -> np.ndarray:
+    """``buf`` (a contiguous byte buffer of one chunk) as ``[layers, blocks, block bytes]``."""
+    flat = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
     need = layout.layers * blocks * layout.block_bytes
-    if flat.numel() != need:
+    if flat.size != need:
         raise ConfigError(
-            f"a chunk of {blocks} blocks needs {need} bytes, the buffer has {flat.numel()}"
+            f"a chunk of {blocks} blocks needs {need} bytes, the buffer has {flat.size}"
         )
-    return flat.view(layout.dtype).view(layout.layers, blocks, *layout.block_shape)
+    return flat.reshape(layout.layers, blocks, layout.block_bytes)
 
 
-def gather_blocks(
-    layout: PagedLayout, caches: Sequence[torch.Tensor], block_ids: Sequence[int], out
-) -> None:
-    """Copy blocks ``block_ids`` of every layer into ``out``, a chunk's byte buffer."""
-    ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-    view = _chunk_view(layout, len(ids), out)
-    for layer, cache in enumerate(caches):
-        torch.index_select(cache, 0, ids, out=view[layer])
+def _views(caches) -> list[np.ndarray]:
+    if caches and isinstance(caches[0], np.ndarray):
+        return list(caches)
+    return byte_views(caches)
 
 
-def scatter_blocks(
-    layout: PagedLayout, caches: Sequence[torch.Tensor], block_ids: Sequence[int], chunk
-) -> None:
+def gather_blocks(layout: PagedLayout, caches, block_ids: Sequence[int], out) -> None:
+    """Copy blocks ``block_ids`` of every layer into ``out``, a chunk's byte buffer.
+
+    ``caches``: the per-layer tensors, or their :func:`byte_views`."""
+    rows = _chunk_rows(layout, len(block_ids), out)
+    if not rows.flags.writeable:
+        _refuse_readonly()
+    for layer, cache in enumerate(_views(caches)):
+        dst = rows[layer]
+        for j, block in enumerate(block_ids):
+            dst[j] = cache[block]
+
+
+def scatter_blocks(layout: PagedLayout, caches, block_ids: Sequence[int], chunk) -> None:
     """Copy a chunk's bytes (``chunk``, as :func:`gather_blocks` wrote them) into blocks
     ``block_ids`` of every layer."""
-    ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-    view = _chunk_view(layout, len(ids), chunk)
-    for layer, cache in enumerate(caches):
-        cache.index_copy_(0, ids, view[layer])
+    scatter_part(layout, caches, chunk, len(block_ids), 0, block_ids)
 
 
-__all__ = ["PagedLayout", "gather_blocks", "scatter_blocks"]
+def scatter_part(
+    layout: PagedLayout,
+    caches,
+    chunk,
+    blocks_per_chunk: int,
+    skip: int,
+    block_ids: Sequence[int],
+) -> None:
+    """Copy blocks ``skip:skip+len(block_ids)`` of a chunk of ``blocks_per_chunk`` blocks into
+    blocks ``block_ids`` of every layer (a load that needs only part of a chunk)."""
+    if skip < 0 or skip + len(block_ids) > blocks_per_chunk:
+        raise ConfigError(
+            f"blocks {skip}..{skip + len(block_ids)} are not in a chunk of {blocks_per_chunk}"
+        )
+    rows = _chunk_rows(layout, blocks_per_chunk, chunk)
+    for layer, cache in enumerate(_views(caches)):
+        src = rows[layer]
+        for j, block in enumerate(block_ids):
+            cache[block] = src[skip + j]
+
+
+def _refuse_readonly() -> None:
+    raise ConfigError("the chunk buffer to gather into is read-only")
+
+
+__all__ = ["PagedLayout", "byte_views", "gather_blocks", "scatter_blocks", "scatter_part"]

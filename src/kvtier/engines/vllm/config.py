@@ -1,0 +1,144 @@
+"""How kvtier's vLLM connector is configured: ``kv_connector_extra_config`` or a JSON file.
+
+vLLM hands the connector a free-form dict (``--kv-transfer-config '{"kv_connector":
+"KVTierConnector", "kv_connector_module_path": "kvtier.engines.vllm.connector",
+"kv_connector_extra_config": {...}}'``). :class:`ConnectorConfig` is that dict typed and checked:
+a bad key, URL, size or number is refused when the engine starts, with one line saying what to
+give instead. ``{"config": "/path/kvtier.json"}`` reads the same keys from a file.
+
+The connector's two halves run in two processes (vLLM's EngineCore runs the scheduler side, its
+Worker the model), so every tier must be one both can open: ``slab://`` in ``/dev/shm`` is the
+shared host-memory tier, ``slab://``/``file://`` on a disk the local-disk tiers. ``memory://``
+lives inside one process and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.specs.units import parse_size
+from kvtier.tiers.base import TierURL
+from kvtier.tiers.registry import check_tier_url
+
+#: Schemes a single process keeps to itself: the two halves could not share them.
+PRIVATE_SCHEMES = ("memory",)
+WRITE_MODES = ("through", "back")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """The connector's settings (the keys of ``kv_connector_extra_config``).
+
+    ``tiers``: tier URLs fast→slow (the first should be the host-memory tier, e.g.
+    ``slab:///dev/shm/kvtier?size=4GiB``). ``chunk_tokens``: tokens per kvtier block, a multiple of
+    vLLM's block size. ``write``: ``through`` stores new chunks in every tier, ``back`` only in the
+    first (slower tiers get what it spills). ``preload``: from the moment a request is queued,
+    move its KV from slower tiers into the first one, within ``preload_bytes`` in flight;
+    ``preload_wait_s`` is how long a queued request whose KV is still moving up is held back
+    (vLLM schedules others meanwhile). ``store``: keep new chunks (off: read-only use).
+    ``records``: a JSON-lines file with one line per request the connector looked up.
+    ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
+    folder's name and a hash of its weight files). ``tenant`` salts the namespace.
+    """
+
+    tiers: tuple[str, ...] = ()
+    chunk_tokens: int = 256
+    write: str = "through"
+    preload: bool = True
+    preload_bytes: int = 256 << 20
+    preload_wait_s: float = 2.0
+    store: bool = True
+    records: str | None = None
+    model_id: str | None = None
+    fingerprint: str | None = None
+    tenant: str = ""
+    queue_chunks: int = 256
+    load_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError(
+                "kvtier's vLLM connector needs tiers, e.g. "
+                '"tiers": ["slab:///dev/shm/kvtier?size=4GiB", "slab:///nvme/kv?size=200GiB"]'
+            )
+        for url in self.tiers:
+            scheme = TierURL.parse(url).scheme
+            if scheme in PRIVATE_SCHEMES:
+                raise ConfigError(
+                    f"{url}: a {scheme}:// tier lives in one process, and vLLM runs the "
+                    "connector's halves in two; use slab:///dev/shm/<dir>?size=... for host memory"
+                )
+            check_tier_url(url)
+        if self.chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be at least 1, got {self.chunk_tokens}")
+        if self.write not in WRITE_MODES:
+            raise ConfigError(f"write must be one of {WRITE_MODES}, got {self.write!r}")
+        if self.preload_bytes < 0 or self.preload_wait_s < 0:
+            raise ConfigError("preload_bytes and preload_wait_s cannot be negative")
+        if self.queue_chunks < 1 or self.load_workers < 1:
+            raise ConfigError("queue_chunks and load_workers must be at least 1")
+        if self.records is not None:
+            parent = Path(self.records).expanduser().parent
+            if not parent.is_dir():
+                raise ConfigError(f"records: {parent} is not a directory")
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
+        """The config in vLLM's ``kv_connector_extra_config`` (``config``: a JSON file of it)."""
+        raw = dict(extra or {})
+        path = raw.pop("config", None)
+        if path is not None:
+            try:
+                loaded = json.loads(Path(path).expanduser().read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read kvtier connector config {path}: {exc}") from None
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: a kvtier connector config is a JSON object")
+            raw = {**loaded, **raw}
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown kvtier connector option(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            values[name] = _coerce(name, value)
+        return cls(**values)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """One option's value in its field's type, or a ConfigError naming the option."""
+    try:
+        if name == "tiers":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise ValueError("a list of tier URLs")
+            return tuple(value)
+        if name == "preload_bytes":
+            return parse_size(value) if isinstance(value, str) else int(value)
+        if name in ("chunk_tokens", "queue_chunks", "load_workers"):
+            if isinstance(value, bool) or int(value) != value:
+                raise ValueError("an integer")
+            return int(value)
+        if name == "preload_wait_s":
+            return float(value)
+        if name in ("preload", "store"):
+            if not isinstance(value, bool):
+                raise ValueError("true or false")
+            return value
+        if value is not None and not isinstance(value, str):
+            raise ValueError("a string")
+        return value
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"kvtier connector option {name}={value!r}: expected {exc}") from None
+
+
+__all__ = ["PRIVATE_SCHEMES", "ConnectorConfig"]

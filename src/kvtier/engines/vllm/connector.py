@@ -1,0 +1,152 @@
+"""``KVTierConnector``: kvtier as a vLLM v1 KV connector (``kv_connector_module_path``).
+
+    python -m vllm.entrypoints.openai.api_server --model <folder> --kv-transfer-config \\
+      '{"kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.engines.vllm.connector",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"tiers": ["slab:///dev/shm/kvtier?size=4GiB",
+                                                 "slab:///nvme/kv?size=200GiB"]}}'
+
+vLLM builds one instance per role: the scheduler's in its EngineCore process
+(:class:`~kvtier.engines.vllm.scheduler.SchedulerSide`), the worker's in each Worker process
+(:class:`~kvtier.engines.vllm.worker.WorkerSide`). They share no memory; they share the tiers
+(see :mod:`kvtier.engines.vllm.books`) and talk through the per-step metadata and the
+connector output vLLM carries between them. The installed vLLM is checked against the pinned
+release range and connector interface before anything is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from kvtier.engines.vllm.compat import check_vllm
+
+check_vllm()
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+
+from kvtier.engines.vllm.config import ConnectorConfig  # noqa: E402
+from kvtier.engines.vllm.identity import engine_geometry, engine_namespace  # noqa: E402
+from kvtier.engines.vllm.metadata import KVTierMetadata  # noqa: E402
+from kvtier.engines.vllm.scheduler import SchedulerSide  # noqa: E402
+from kvtier.engines.vllm.stats import KVTierPromMetrics, KVTierStats  # noqa: E402
+from kvtier.engines.vllm.worker import WorkerSide  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
+
+
+class KVTierConnector(KVConnectorBase_V1):
+    """kvtier's tiered KV cache behind vLLM's KV-connector interface."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self.kvtier_config = config = ConnectorConfig.from_extra(extra)
+        geometry = engine_geometry(vllm_config)
+        namespace = engine_namespace(
+            vllm_config, geometry, config.model_id, config.fingerprint, config.tenant
+        )
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(config, namespace, geometry)
+        else:
+            self._worker = WorkerSide(config, namespace, geometry)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A dropped store is only a later miss: preempted requests need not wait for one."""
+        return False
+
+    # --- worker side -----------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, KVTierMetadata):
+            self._worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker._meta_now = None
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: a request is scheduled only once its KV is in place
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # chunks are copied out after the whole forward (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        if self._worker is not None:
+            self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        return None, self._worker.get_finished() or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_errors() if self._worker is not None else set()
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        return  # stores copy their blocks out within the step: nothing refers to freed blocks
+
+    def get_kv_connector_stats(self) -> KVTierStats | None:
+        side = self._worker or self._scheduler
+        return side.take_stats() if side is not None else None
+
+    def shutdown(self) -> None:
+        for side in (self._worker, self._scheduler):
+            if side is not None:
+                with contextlib.suppress(Exception):
+                    side.close()
+
+    # --- scheduler side ----------------------------------------------------------------------
+    def on_new_request(self, request) -> None:
+        if self._scheduler is not None:
+            self._scheduler.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVTierMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        if self._scheduler is None:
+            return False, None
+        return self._scheduler.request_finished(request, block_ids)
+
+    # --- class-level hooks ----------------------------------------------------------------------
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats:
+        return KVTierStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KVTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+__all__ = ["KVTierConnector"]

@@ -1,0 +1,153 @@
+"""The connector's load-or-recompute costs, learnt from what the engine measures while it serves.
+
+The worker side times every step's forward (with the tokens it prefilled after how many cached)
+and every load (bytes and seconds, per tier) and sends them to the scheduler side, which fits
+the prefill curve (:func:`~kvtier.cost.online.robust_prefill_fit`) and each tier's read speed,
+and decides with the same :class:`~kvtier.policy.decision.LoadOrRecompute` as every kvtier
+engine. Chunks vLLM's own prefix cache holds enter as the tier ``engine``, which costs nothing
+to "load". Until the prefill curve and a tier's speed have been measured, every hit is loaded:
+a cold cache has nothing better to go on, and the first loads are what measure the tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kvtier.cost.calibration import CalibrationError, PrefillFit
+from kvtier.cost.online import robust_prefill_fit
+from kvtier.policy.decision import Decision, LoadOrRecompute
+
+ENGINE = "engine"
+#: Fewest prefill samples (at distinct lengths) the curve is fitted from.
+MIN_PREFILLS = 4
+#: Samples kept per kind (the most recent ones).
+KEEP = 256
+
+
+@dataclass(frozen=True)
+class MeasuredPath:
+    """Seconds to read bytes from one tier: a fixed cost per load plus bytes over bandwidth."""
+
+    latency_s: float
+    bytes_per_s: float
+
+    def seconds(self, raw_bytes: float) -> float:
+        """Predicted seconds to read ``raw_bytes``."""
+        return self.latency_s + raw_bytes / self.bytes_per_s
+
+
+class _Free:
+    """The path of chunks already in the engine's memory."""
+
+    def seconds(self, raw_bytes: float) -> float:
+        return 0.0
+
+
+class _Compute:
+    def __init__(self, fit: PrefillFit):
+        self.fit = fit
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        return self.fit.seconds(new, cached)
+
+
+class OnlineCosts:
+    """Prefill and per-tier load measurements, and the decision they support (thread-safe)."""
+
+    def __init__(self, tier_names: Sequence[str], chunk_tokens: int, chunk_bytes: int):
+        self.tier_names = tuple(tier_names)
+        self.chunk_tokens = chunk_tokens
+        self.chunk_bytes = chunk_bytes
+        self._prefills: list[tuple[int, int, float]] = []
+        self._loads: dict[str, list[tuple[int, float, int]]] = {n: [] for n in tier_names}
+        self._fit: PrefillFit | None = None
+        self._paths: dict[str, MeasuredPath] = {}
+        self._lock = threading.Lock()
+
+    # --- measurements ----------------------------------------------------------------------
+    def observe_prefill(self, new: int, cached: int, seconds: float) -> None:
+        """One forward that prefilled ``new`` tokens after ``cached`` ones in ``seconds``."""
+        if new <= 1 or seconds <= 0:
+            return
+        with self._lock:
+            self._prefills.append((int(new), int(cached), float(seconds)))
+            del self._prefills[:-KEEP]
+            if len({n for n, _, _ in self._prefills}) >= MIN_PREFILLS:
+                with contextlib.suppress(CalibrationError):
+                    self._fit = robust_prefill_fit(self._prefills)
+
+    def observe_load(self, tier: str, nbytes: int, seconds: float, chunks: int) -> None:
+        """One load of ``chunks`` chunks (``nbytes``) from ``tier`` that took ``seconds``."""
+        if tier not in self._loads or nbytes <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            samples = self._loads[tier]
+            samples.append((int(nbytes), float(seconds), int(chunks)))
+            del samples[:-KEEP]
+            total_b = sum(b for b, _, _ in samples)
+            total_s = sum(s for _, s, _ in samples)
+            self._paths[tier] = MeasuredPath(0.0, total_b / total_s)
+
+    # --- what they say -----------------------------------------------------------------------
+    @property
+    def measured(self) -> bool:
+        """Whether the prefill curve has been fitted."""
+        return self._fit is not None
+
+    def path(self, tier: str) -> MeasuredPath | None:
+        """The measured read path of ``tier`` (None before its first load)."""
+        return self._paths.get(tier)
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float | None:
+        """Predicted prefill seconds (None before the curve is fitted)."""
+        fit = self._fit
+        return None if fit is None else fit.seconds(new, cached)
+
+    def decide(
+        self,
+        prompt_tokens: int,
+        local_chunks: int,
+        hit_tiers: Sequence[str],
+        queued_bytes: Mapping[str, float] | None = None,
+    ) -> tuple[int, Decision | None]:
+        """How many leading chunks to have (vLLM's ``local_chunks`` plus loaded ones).
+
+        ``hit_tiers`` names the tier of each chunk kvtier holds after the local ones;
+        ``queued_bytes`` are bytes of loads already in flight per tier (they delay this one).
+        Returns the chunk count and the decision (None while unmeasured: load every hit).
+        """
+        with self._lock:
+            fit = self._fit
+            paths: dict[str, object] = dict(self._paths)
+        everything = local_chunks + len(hit_tiers)
+        if fit is None or any(t not in paths for t in set(hit_tiers)):
+            return everything, None
+        paths[ENGINE] = _Free()
+        bandwidth = {t: p for t, p in paths.items() if isinstance(p, MeasuredPath)}
+        queued = queued_bytes or {}
+        queued_s = {t: b / bandwidth[t].bytes_per_s for t, b in queued.items() if t in bandwidth}
+        policy = LoadOrRecompute(
+            _Compute(fit), self.chunk_bytes / self.chunk_tokens, paths, self.chunk_tokens
+        )
+        # every chunk is "reloadable": the engine's own cover the last token's chunk too
+        decision = policy.decide(
+            max(prompt_tokens, everything * self.chunk_tokens + 1),
+            [ENGINE] * local_chunks + list(hit_tiers),
+            queued_s,
+        )
+        return max(decision.load_chunks, local_chunks), decision
+
+    def as_dict(self) -> dict:
+        """What has been measured (JSON-ready)."""
+        with self._lock:
+            return {
+                "prefill_samples": len(self._prefills),
+                "prefill_fitted": self._fit is not None,
+                "tier_bytes_per_s": {t: p.bytes_per_s for t, p in self._paths.items()},
+            }
+
+
+__all__ = ["ENGINE", "MeasuredPath", "OnlineCosts"]

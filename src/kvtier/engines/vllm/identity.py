@@ -1,0 +1,118 @@
+"""The namespace of the KV a vLLM engine computes: which model, which weights, which bytes.
+
+vLLM's own block hashes carry no model identity, so kvtier keys chunks in its own namespace:
+the model (folder name or ``model_id``), a fingerprint of its weight files, the KV dtype, the
+geometry, and the layout of a block's bytes — vLLM's CPU attention picks the element order
+inside a block by instruction set (``amx``, ``vec``, …) and block size, so that enters too, and a
+block written by an AMX host is never read by an AVX2 one. Both halves of the connector compute
+the same namespace from the same ``VllmConfig``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtier.engines.embedded import fingerprint_files
+from kvtier.errors import ConfigError
+from kvtier.keys import Namespace
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+@dataclass(frozen=True)
+class EngineGeometry:
+    """What the connector needs to know of the engine's KV."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    itemsize: int
+    layout: str
+
+    def chunk_bytes(self, chunk_tokens: int) -> int:
+        """Bytes of one chunk of ``chunk_tokens`` tokens, every layer, K and V."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.itemsize * chunk_tokens
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """The weights fingerprint of a model folder (kvtier's converted folders record theirs)."""
+    path = Path(folder)
+    source = path / "kvtier-source.json"
+    if source.is_file():
+        info = json.loads(source.read_text())
+        if info.get("fingerprint"):
+            return str(info["fingerprint"])
+    if path.is_dir():
+        files = [p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES]
+        if files:
+            return fingerprint_files(files)
+    raise ConfigError(
+        f"cannot fingerprint the weights of {folder!r} (not a local folder with weight files): "
+        'give "fingerprint" (a revision or hash) in kv_connector_extra_config'
+    )
+
+
+def attention_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: str) -> str:
+    """The instruction set vLLM's CPU attention uses for this KV (it decides the block layout)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:  # another platform's backend: its name is enough
+        return "native"
+    return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
+
+
+def engine_geometry(vllm_config: Any) -> EngineGeometry:
+    """The KV geometry and block layout of the engine ``vllm_config`` describes."""
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    cache = vllm_config.cache_config
+    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+        raise ConfigError(
+            "kvtier's vLLM connector supports one worker (tensor and pipeline parallel size 1)"
+        )
+    dtype = model.dtype
+    head = model.get_head_size()
+    block_size = int(cache.block_size)
+    cache_dtype = str(cache.cache_dtype)
+    if cache_dtype not in ("auto", "bfloat16", "float16", "half"):
+        raise ConfigError(f"kvtier's vLLM connector moves bf16/fp16 KV, not {cache_dtype}")
+    isa = attention_isa(dtype, block_size, head, cache_dtype)
+    name = str(dtype).removeprefix("torch.")
+    return EngineGeometry(
+        layers=model.get_num_layers(parallel),
+        kv_heads=model.get_num_kv_heads(parallel),
+        head_dim=head,
+        block_size=block_size,
+        dtype=name,
+        itemsize=dtype.itemsize,
+        layout=f"vllm-cpu-{isa}-block{block_size}",
+    )
+
+
+def engine_namespace(
+    vllm_config: Any,
+    geometry: EngineGeometry,
+    model_id: str | None = None,
+    fingerprint: str | None = None,
+    tenant: str = "",
+) -> Namespace:
+    """The namespace of the KV this engine computes."""
+    folder = str(vllm_config.model_config.model)
+    return Namespace(
+        model_id=model_id or Path(folder).name or folder,
+        fingerprint=fingerprint or model_fingerprint(folder),
+        kv_dtype=geometry.dtype,
+        layers=geometry.layers,
+        kv_heads=geometry.kv_heads,
+        head_dim=geometry.head_dim,
+        layout=geometry.layout,
+        tenant=tenant,
+    )
+
+
+__all__ = ["EngineGeometry", "attention_isa", "engine_geometry", "engine_namespace"]

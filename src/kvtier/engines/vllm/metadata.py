@@ -1,0 +1,69 @@
+"""What the scheduler side tells the worker side each step: which chunks to load, which to store.
+
+The scheduler side owns the decisions (what kvtier holds, what to load, what is new); the worker
+side owns the paged KV and moves bytes. Everything here is plain data (keys as bytes, block ids
+as ints), so it crosses vLLM's process boundary whatever transport vLLM uses.
+
+A chunk covers ``chunk_tokens`` tokens: ``chunk_tokens / block_size`` consecutive vLLM blocks of
+the request. A load may need only part of its first chunk (vLLM's own prefix cache already holds
+the leading blocks) or of its last (vLLM computes at least the prompt's last token itself):
+``skip`` leading blocks of the chunk are not written and ``block_ids`` name only the blocks that
+are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+try:  # the base class exists only where vLLM is installed; the data is plain either way
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+except ImportError:  # pragma: no cover - used without vLLM only by tests of the plain data
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        """Stand-in base when vLLM is absent."""
+
+
+@dataclass(frozen=True)
+class ChunkLoad:
+    """Read chunk ``key`` and write its blocks ``skip:skip+len(block_ids)`` into ``block_ids``."""
+
+    key: bytes
+    block_ids: tuple[int, ...]
+    skip: int = 0
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """One request's load: its chunks in order (a failed chunk stops the rest)."""
+
+    req_id: str
+    chunks: tuple[ChunkLoad, ...]
+    tiers: tuple[int, ...]  # where the scheduler found each chunk (fast→slow index)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """Every block this load writes, in order."""
+        return [b for c in self.chunks for b in c.block_ids]
+
+
+@dataclass(frozen=True)
+class StoreJob:
+    """New full chunks of one request, computed by this step: ``keys[i]`` lives in the
+    request's blocks ``block_ids[i]`` (a chunk's worth of block ids each)."""
+
+    req_id: str
+    keys: tuple[bytes, ...]
+    block_ids: tuple[tuple[int, ...], ...]
+    values: tuple[float, ...] = ()
+
+
+@dataclass
+class KVTierMetadata(KVConnectorMetadata):
+    """One step's loads and stores, built by the scheduler side."""
+
+    loads: list[LoadJob] = field(default_factory=list)
+    stores: list[StoreJob] = field(default_factory=list)
+    prefill: tuple[int, int] | None = None  # (new, cached) when one request prefills alone
+
+
+__all__ = ["ChunkLoad", "KVTierMetadata", "LoadJob", "StoreJob"]

@@ -1,0 +1,449 @@
+"""The scheduler side of the connector (vLLM's EngineCore process): what to load and to store.
+
+Per request it keys the tokens in the engine's namespace, asks the tiers which leading chunks
+they hold beyond what vLLM's own prefix cache has, lets the cost model pick how many to load
+(:class:`~kvtier.engines.vllm.costs.OnlineCosts`, with the loads already in flight), and tells
+vLLM the load is asynchronous: the request waits for its KV while the engine runs the others.
+Each step it sends the worker the loads just allocated and, for every request the step
+computes, the chunks the step completes (to store). It never moves KV itself, except
+preloading: from the moment a request is queued, its chunks on slower tiers are copied up into
+the first tier (in arrival order, within ``preload_bytes`` in flight), and a request whose KV is
+being moved when its turn comes is held back (up to ``preload_wait_s``) while vLLM schedules
+others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvtier.engines.vllm.books import open_cache
+from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.costs import OnlineCosts
+from kvtier.engines.vllm.identity import EngineGeometry
+from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
+from kvtier.engines.vllm.stats import ConnectorCounters
+from kvtier.keys import ChunkKeyer, Namespace
+
+log = logging.getLogger("kvtier.vllm")
+
+#: Seconds a chunk whose load failed is not offered again (a writer may replace it meanwhile).
+BAD_KEY_S = 60.0
+
+
+def prompt_hash(token_ids) -> str:
+    """xxh3-64 (hex) of token ids as little-endian uint32: how records name a prompt."""
+    return xxhash.xxh3_64_hexdigest(np.asarray(token_ids, dtype="<u4").tobytes())
+
+
+@dataclass
+class _Request:
+    """What the scheduler side tracks of one live request."""
+
+    request: Any
+    arrived: float
+    keys: list[bytes] = field(default_factory=list)
+    keyed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    stored: int = 0  # leading chunks kvtier holds or was handed
+    plan: tuple[int, int, list[int]] | None = None  # (local tokens, chunks wanted, tiers)
+    load: LoadJob | None = None
+    load_tokens: dict[str, int] = field(default_factory=dict)  # tokens per tier
+    local_tokens: int = 0
+    load_started: float = 0.0
+    predicted_load_s: float = 0.0
+    prefill_saved_s: float = 0.0
+    preload: str = ""  # "", "queued", "moving", "done"
+    preload_bytes: int = 0
+    preloaded: int = 0
+    recorded: bool = False
+    failed: bool = False  # a load of this request failed: it recomputes from now on
+
+
+class SchedulerSide:
+    """The connector's scheduler half over ``config``'s tiers."""
+
+    def __init__(self, config: ConnectorConfig, namespace: Namespace, geometry: EngineGeometry):
+        self.config = config
+        self.geometry = geometry
+        self.chunk = config.chunk_tokens
+        if self.chunk % geometry.block_size:
+            from kvtier.errors import ConfigError
+
+            raise ConfigError(
+                f"chunk_tokens={self.chunk} is not a multiple of vLLM's block size "
+                f"{geometry.block_size}"
+            )
+        self.blocks_per_chunk = self.chunk // geometry.block_size
+        self.chunk_bytes = geometry.chunk_bytes(self.chunk)
+        self.keyer = ChunkKeyer(namespace, self.chunk)
+        self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
+        self.names = self.cache.names
+        self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
+        self.counters = ConnectorCounters()
+        self._reqs: dict[str, _Request] = {}
+        self._loads: list[LoadJob] = []
+        self._inflight: dict[str, _Request] = {}
+        self._bad: dict[bytes, float] = {}  # keys whose load failed → until when to skip them
+        self._lock = threading.Lock()
+        self._records = open(config.records, "a") if config.records else None  # noqa: SIM115
+        self._preload_queue: deque[str] = deque()
+        self._preload_wake = threading.Condition(self._lock)
+        self._preload_in_flight = 0
+        self._closed = False
+        self._preloader: threading.Thread | None = None
+        if config.preload:
+            self._preloader = threading.Thread(
+                target=self._preload_loop, name="kvtier-preload", daemon=True
+            )
+            self._preloader.start()
+
+    # --- keys ------------------------------------------------------------------------------
+    def _keys(self, st: _Request, tokens: int) -> list[bytes]:
+        """Keys of the full chunks among the request's first ``tokens`` tokens."""
+        full = tokens // self.chunk
+        if full > len(st.keys):
+            ids = st.request.all_token_ids[: full * self.chunk]
+            st.keys = self.keyer.keys(np.asarray(ids, dtype=np.int64))
+        return st.keys[:full]
+
+    def _usable(self, keys: list[bytes]) -> list[bytes]:
+        """``keys`` up to the first one whose load failed lately (it is not offered again)."""
+        if not self._bad:
+            return keys
+        now = time.monotonic()
+        for key, until in list(self._bad.items()):
+            if until <= now:
+                del self._bad[key]
+        for i, key in enumerate(keys):
+            if key in self._bad:
+                return keys[:i]
+        return keys
+
+    def _state(self, request) -> _Request:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _Request(request, time.monotonic())
+        return st
+
+    # --- vLLM's scheduler calls ------------------------------------------------------------
+    def on_new_request(self, request) -> None:
+        """A request entered the queue: key it and, with preloading, queue its preload."""
+        with self._lock:
+            st = self._state(request)
+            if self._preloader is not None:
+                st.preload = "queued"
+                self._preload_queue.append(request.request_id)
+                self._preload_wake.notify_all()
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        """Tokens kvtier will load beyond vLLM's ``num_computed_tokens`` (asynchronously)."""
+        with self._lock:
+            st = self._state(request)
+            st.local_tokens = num_computed_tokens
+            held = time.monotonic() - st.arrived < self.config.preload_wait_s
+            if st.preload == "moving" and held:
+                self.counters.add("preload_holds")
+                return None, False
+            if st.preload == "queued":
+                st.preload = ""  # scheduled before its turn: it loads from where its KV is
+                self._preload_queue.remove(request.request_id)
+        if st.failed:
+            return 0, False
+        try:
+            keys = self._usable(self._keys(st, request.num_tokens))
+            local = num_computed_tokens // self.chunk
+            if len(keys) <= local:
+                st.plan = None
+                return 0, False
+            found = self.cache.lookup(keys[local:])
+        except Exception as exc:  # a tier that cannot answer is a miss, never a failed request
+            log.warning("kvtier lookup failed (%s); recomputing", exc)
+            return 0, False
+        self.counters.add("lookups")
+        if found.hit_chunks == 0:
+            st.plan = None
+            st.stored = max(st.stored, local)
+            return 0, False
+        tiers = [self.names[t] for t in found.tiers]
+        self.counters.add("hit_tokens", found.hit_chunks * self.chunk)
+        queued = self._queued_bytes()
+        want, decision = self.costs.decide(request.num_tokens, local, tiers, queued)
+        st.stored = max(st.stored, local + found.hit_chunks)
+        if want <= local:
+            st.plan = None
+            return 0, False
+        wanted = want - local
+        st.plan = (num_computed_tokens, want, list(found.tiers[:wanted]))
+        st.predicted_load_s = decision.predicted_load_s if decision else 0.0
+        saved = self.costs.prefill_seconds(want * self.chunk - num_computed_tokens, 0)
+        st.prefill_saved_s = saved or 0.0
+        return want * self.chunk - num_computed_tokens, True
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        """vLLM allocated the request's blocks: plan the load into them."""
+        st = self._state(request)
+        if num_external_tokens <= 0 or st.plan is None:
+            if st.plan is None and not st.recorded:
+                self._record(st, loaded_tokens=0)
+            st.plan = None
+            return
+        local_tokens, want, tiers = st.plan
+        st.plan = None
+        block_ids = list(blocks.get_block_ids()[0])
+        st.block_ids = block_ids
+        bs = self.geometry.block_size
+        first_block = local_tokens // bs
+        end_block = (local_tokens + num_external_tokens) // bs
+        chunks: list[ChunkLoad] = []
+        keys = st.keys
+        for c in range(local_tokens // self.chunk, want):
+            b0 = c * self.blocks_per_chunk
+            skip = max(0, first_block - b0)
+            last = min(b0 + self.blocks_per_chunk, end_block)
+            if last <= b0 + skip:
+                break
+            chunks.append(ChunkLoad(keys[c], tuple(block_ids[b0 + skip : last]), skip))
+        job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]))
+        by_tier: dict[str, int] = {}
+        for chunk, t in zip(job.chunks, job.tiers, strict=True):
+            name = self.names[t]
+            by_tier[name] = by_tier.get(name, 0) + len(chunk.block_ids) * bs
+        with self._lock:
+            st.load = job
+            st.load_tokens = by_tier
+            st.load_started = time.monotonic()
+            self._loads.append(job)
+            self._inflight[request.request_id] = st
+            self._release_preload(st)
+
+    def build_connector_meta(self, scheduler_output) -> KVTierMetadata:
+        """This step's loads (just allocated) and stores (chunks the step completes)."""
+        with self._lock:
+            loads, self._loads = self._loads, []
+        meta = KVTierMetadata(loads=loads)
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(new.req_id)
+            if st is not None:
+                st.block_ids = list(new.block_ids[0])
+                self._plan_store(meta, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                st.block_ids.extend(new_ids[0])
+            self._plan_store(meta, st, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        prefills = [
+            (n, self._computed_before(scheduler_output, r)) for r, n in scheduled.items() if n > 1
+        ]
+        if len(prefills) == 1 and scheduler_output.total_num_scheduled_tokens - prefills[0][0] < 8:
+            meta.prefill = prefills[0]
+        for req_id in scheduler_output.preempted_req_ids or ():
+            st = self._reqs.get(req_id)
+            if st is not None:
+                st.block_ids = []
+        return meta
+
+    @staticmethod
+    def _computed_before(scheduler_output, req_id: str) -> int:
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id == req_id:
+                return int(new.num_computed_tokens)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid == req_id:
+                return int(cached.num_computed_tokens[i])
+        return 0
+
+    def _plan_store(self, meta: KVTierMetadata, st: _Request, computed: int) -> None:
+        if not self.config.store:
+            return
+        full = computed // self.chunk
+        if full <= st.stored:
+            return
+        if len(st.block_ids) < full * self.blocks_per_chunk:
+            return  # the blocks are not all known here (should not happen): store nothing
+        keys = self._keys(st, full * self.chunk)
+        bpc = self.blocks_per_chunk
+        chosen = range(st.stored, full)
+        meta.stores.append(
+            StoreJob(
+                st.request.request_id,
+                tuple(keys[c] for c in chosen),
+                tuple(tuple(st.block_ids[c * bpc : (c + 1) * bpc]) for c in chosen),
+            )
+        )
+        st.stored = full
+
+    def update_connector_output(self, connector_output) -> None:
+        """Loads the worker finished: record their wait; measurements feed the cost model."""
+        done = connector_output.finished_recving or ()
+        now = time.monotonic()
+        failed = set(connector_output.invalid_block_ids or ())
+        for req_id in done:
+            with self._lock:
+                st = self._inflight.pop(req_id, None)
+            if st is None or st.load is None:
+                continue
+            wait = now - st.load_started
+            blocks = st.load.block_ids
+            bad = [b for b in blocks if b in failed]
+            loaded_tokens = (
+                len(blocks) if not bad else blocks.index(bad[0])
+            ) * self.geometry.block_size
+            self.counters.add("kv_wait_seconds", wait)
+            self.counters.observe("kv_wait_seconds", wait)
+            self.counters.add("loaded_tokens", loaded_tokens)
+            self.counters.add("predicted_load_seconds", st.predicted_load_s)
+            if not bad:
+                self.counters.add("prefill_seconds_saved", st.prefill_saved_s)
+            else:
+                st.failed = True
+                until = now + BAD_KEY_S
+                for chunk in st.load.chunks:
+                    if any(b in failed for b in chunk.block_ids):
+                        self._bad[chunk.key] = until
+            self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
+            st.load = None
+        stats = connector_output.kv_connector_stats
+        if stats is not None:
+            self._learn(stats.data)
+
+    def _learn(self, data: dict) -> None:
+        for new, cached, seconds in data.get("prefills", ()):
+            self.costs.observe_prefill(new, cached, seconds)
+        for tier, nbytes, seconds, chunks in data.get("loads", ()):
+            self.costs.observe_load(tier, nbytes, seconds, chunks)
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        """A request is done: forget it (its stores were copied out when computed)."""
+        with self._lock:
+            st = self._reqs.pop(request.request_id, None)
+            if st is not None:
+                self._release_preload(st)
+                if st.preload == "queued":
+                    self._preload_queue.remove(request.request_id)
+                st.preload = ""
+        return False, None
+
+    def take_stats(self):
+        """Counters since the last call, as vLLM's stats object."""
+        return self.counters.take()
+
+    # --- records -----------------------------------------------------------------------------
+    def _record(self, st: _Request, loaded_tokens: int, wait: float = 0.0, failed: int = 0):
+        st.recorded = True
+        if self._records is None:
+            return
+        req = st.request
+        prompt = list(req.prompt_token_ids or [])
+        hit = dict(st.load_tokens) if st.load is not None else {}
+        line = {
+            "req_id": req.request_id,
+            "prompt_hash": prompt_hash(prompt),
+            "prompt_tokens": len(prompt),
+            "local_hit_tokens": st.local_tokens,
+            "hit_tokens": hit,
+            "loaded_tokens": loaded_tokens,
+            "load_wait_s": round(wait, 6),
+            "predicted_load_s": round(st.predicted_load_s, 6),
+            "preloaded_chunks": st.preloaded,
+            "failed_blocks": failed,
+            "preemptions": int(getattr(req, "num_preemptions", 0) or 0),
+            "queued_s": round(time.monotonic() - st.arrived, 6),
+        }
+        with self._lock:
+            self._records.write(json.dumps(line) + "\n")
+            self._records.flush()
+
+    # --- preloading ----------------------------------------------------------------------------
+    def _queued_bytes(self) -> dict[str, float]:
+        """Bytes of loads handed to the worker and not finished, per tier."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for st in self._inflight.values():
+                for tier, tokens in st.load_tokens.items():
+                    out[tier] = out.get(tier, 0.0) + tokens / self.chunk * self.chunk_bytes
+        return out
+
+    def _release_preload(self, st: _Request) -> None:
+        """(Lock held.) The request's preloaded bytes are no longer waiting for it."""
+        if st.preload_bytes:
+            self._preload_in_flight -= st.preload_bytes
+            st.preload_bytes = 0
+            self._preload_wake.notify_all()
+
+    def _preload_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._preload_queue:
+                    self._preload_wake.wait()
+                if self._closed:
+                    return
+                req_id = self._preload_queue.popleft()
+                st = self._reqs.get(req_id)
+                if st is None or st.preload != "queued":
+                    continue
+                st.preload = "moving"
+            try:
+                self._preload_one(st)
+            except Exception as exc:  # a preload is only ever a head start
+                log.warning("kvtier preload failed (%s)", exc)
+            with self._lock:
+                if st.preload == "moving":
+                    st.preload = "done"
+
+    def _preload_one(self, st: _Request) -> None:
+        keys = self._keys(st, st.request.num_tokens)
+        if not keys:
+            return
+        found = self.cache.lookup(keys)
+        slow = [i for i, t in enumerate(found.tiers) if t > 0]
+        if not slow:
+            return
+        need = len(slow) * self.chunk_bytes
+        with self._lock:
+            while (
+                not self._closed
+                and self._preload_in_flight
+                and self._preload_in_flight + need > self.config.preload_bytes
+                and st.preload == "moving"
+            ):
+                self._preload_wake.wait(0.05)
+            if self._closed or st.preload != "moving":
+                return
+            self._preload_in_flight += need
+            st.preload_bytes = need
+        result = self.cache.prefetch(keys[: found.hit_chunks]).result()
+        st.preloaded = result.promoted
+        self.counters.add("preloaded_chunks", result.promoted)
+
+    def close(self) -> None:
+        """Stop preloading and close the tiers."""
+        with self._lock:
+            self._closed = True
+            self._preload_wake.notify_all()
+        if self._preloader is not None:
+            self._preloader.join(timeout=5)
+        self.cache.close()
+        for tier in self.cache.tiers:
+            tier.close()
+        if self._records is not None:
+            self._records.close()
+
+
+__all__ = ["SchedulerSide", "prompt_hash"]

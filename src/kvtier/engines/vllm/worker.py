@@ -1,0 +1,216 @@
+"""The worker side of the connector (vLLM's Worker process): KV bytes in and out of paged blocks.
+
+Loads run on a background thread while the engine computes other requests: each chunk is read
+from the tier that holds it into a staging buffer and scattered into the request's blocks, and
+the request is reported finished loading; a chunk that is missing, corrupt or on a failing tier
+stops its request's load there and its blocks (and the rest) are reported as load errors, so
+vLLM recomputes them — never wrong KV, never a failed request. After each forward, the chunks the
+step completed are gathered from the paged blocks (one copy, while the blocks still belong to
+their request) and handed to kvtier's writer threads, which store them without holding up the
+engine; a full write queue drops chunks and counts them.
+
+The worker also times each forward and each load and sends them to the scheduler side, whose
+cost model learns from them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from kvtier.codec import BlockMeta
+from kvtier.engines.vllm.books import open_cache
+from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.identity import EngineGeometry
+from kvtier.engines.vllm.metadata import KVTierMetadata, LoadJob
+from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
+from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
+from kvtier.errors import ConfigError
+from kvtier.keys import Namespace
+from kvtier.tiers.io.buffers import BufferPool
+
+log = logging.getLogger("kvtier.vllm")
+
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
+_LAYER_INDEX = re.compile(r"(\d+)")
+
+
+def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The caches ordered by layer number (the first integer in each layer's name)."""
+
+    def index(name: str) -> tuple[int, str]:
+        m = _LAYER_INDEX.search(name)
+        return (int(m.group(1)) if m else -1, name)
+
+    return [kv_caches[name] for name in sorted(kv_caches, key=index)]
+
+
+class WorkerSide:
+    """The connector's worker half over ``config``'s tiers."""
+
+    def __init__(self, config: ConnectorConfig, namespace: Namespace, geometry: EngineGeometry):
+        self.config = config
+        self.geometry = geometry
+        self.chunk = config.chunk_tokens
+        self.blocks_per_chunk = self.chunk // geometry.block_size
+        self.chunk_bytes = geometry.chunk_bytes(self.chunk)
+        self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
+        self.names = self.cache.names
+        self.counters = ConnectorCounters()
+        self.layout: PagedLayout | None = None
+        self._caches: list[np.ndarray] = []  # each layer's blocks as byte rows
+        self._staging = BufferPool(keep=64)
+        self._meta = BlockMeta(dtype=_DTYPE_NAMES.get(geometry.dtype, "u8"))
+        self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
+        self._loading: dict[str, Future] = {}
+        self._errors: set[int] = set()
+        self._lock = threading.Lock()
+        self._learned: dict[str, list] = {"prefills": [], "loads": []}
+        self._bound_at = 0.0
+        self._meta_now: KVTierMetadata | None = None
+
+    # --- set-up -------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """Take vLLM's paged KV tensors (one per layer) and check they are what kvtier moves."""
+        caches = layer_order(kv_caches)
+        layout = PagedLayout.of(caches, self.geometry.block_size)
+        g = self.geometry
+        expect = g.kv_heads * g.block_size * 2 * g.head_dim * g.itemsize
+        if layout.block_bytes != expect or layout.layers != g.layers:
+            raise ConfigError(
+                f"vLLM's KV cache is {len(caches)} × {tuple(caches[0].shape)} "
+                f"{caches[0].dtype}; kvtier expected {g.layers} layers of blocks of "
+                f"{expect} bytes (blocks first): this vLLM layout is not supported"
+            )
+        self.layout = layout
+        self._caches = byte_views(caches)
+
+    # --- one step -------------------------------------------------------------------------------
+    def bind(self, meta: KVTierMetadata) -> None:
+        """The step's metadata arrived (the forward starts now)."""
+        self._meta_now = meta
+        self._bound_at = time.perf_counter()
+
+    def start_load_kv(self) -> None:
+        """Start the step's loads in the background (called after the forward is launched)."""
+        meta = self._meta_now
+        if meta is None:
+            return
+        forward_s = time.perf_counter() - self._bound_at
+        if meta.prefill is not None:
+            new, cached = meta.prefill
+            with self._lock:
+                self._learned["prefills"].append((new, cached, forward_s))
+        for job in meta.loads:
+            self._loading[job.req_id] = self._pool.submit(self._load, job)
+
+    def _load(self, job: LoadJob) -> list[int]:
+        """Read and scatter one request's chunks; the block ids that failed."""
+        layout = self.layout
+        if layout is None or not job.chunks:
+            return job.block_ids
+        taken = [self._staging.take(self.chunk_bytes) for _ in job.chunks]
+        bufs = [t[: self.chunk_bytes] for t in taken]
+        keys = [c.key for c in job.chunks]
+        began = time.perf_counter()
+        try:
+            result = self.cache.load(keys, bufs)
+            loaded = result.loaded
+        except Exception as exc:  # the cache never raises for a tier; this is a last guard
+            log.warning("kvtier load failed (%s); vLLM recomputes", exc)
+            loaded = 0
+            result = None
+        read_s = time.perf_counter() - began
+        for chunk, buf in zip(job.chunks[:loaded], bufs, strict=False):
+            scatter_part(
+                layout, self._caches, buf, self.blocks_per_chunk, chunk.skip, chunk.block_ids
+            )
+        if result is not None and loaded:
+            tiers = result.tiers[:loaded]
+            for t in sorted(set(tiers)):
+                n = tiers.count(t)
+                name = self.names[t]
+                share = read_s * n / loaded
+                nbytes = n * self.chunk_bytes
+                self.counters.add("tier_loaded_bytes", nbytes, tier=name)
+                self.counters.add("tier_load_seconds", share, tier=name)
+                tokens = sum(
+                    len(c.block_ids) for c, tt in zip(job.chunks, tiers, strict=False) if tt == t
+                )
+                self.counters.add("tier_hit_tokens", tokens * self.geometry.block_size, tier=name)
+                with self._lock:
+                    self._learned["loads"].append((name, nbytes, share, n))
+        self.counters.add("measured_load_seconds", time.perf_counter() - began)
+        failed = [b for c in job.chunks[loaded:] for b in c.block_ids]
+        if failed:
+            self.counters.add("load_errors", len(job.chunks) - loaded)
+        return failed
+
+    def wait_for_save(self) -> None:
+        """Copy out the chunks this step completed and queue them for the tiers."""
+        meta = self._meta_now
+        layout = self.layout
+        if meta is None or layout is None or not meta.stores:
+            return
+        began = time.perf_counter()
+        for job in meta.stores:
+            bufs = []
+            for block_ids in job.block_ids:
+                buf = np.empty(self.chunk_bytes, dtype=np.uint8)
+                gather_blocks(layout, self._caches, block_ids, buf)
+                bufs.append(buf)
+            taken = self.cache.store(list(job.keys), bufs, meta=self._meta, copy=False)
+            self.counters.add("stored_chunks", taken)
+            if taken < len(job.keys):
+                self.counters.add("dropped_chunks", len(job.keys) - taken)
+        self.counters.add("store_seconds", time.perf_counter() - began)
+
+    def get_finished(self) -> set[str]:
+        """Requests whose load finished (their failed blocks go to :meth:`take_errors`)."""
+        done: set[str] = set()
+        for req_id, fut in list(self._loading.items()):
+            if not fut.done():
+                continue
+            del self._loading[req_id]
+            try:
+                failed = fut.result()
+            except Exception as exc:  # a bug in a load must not fail the request: recompute
+                log.warning("kvtier load of %s raised (%s); vLLM recomputes", req_id, exc)
+                failed = []
+                self.counters.add("load_errors", 1)
+            self._errors.update(failed)
+            done.add(req_id)
+        return done
+
+    def take_errors(self) -> set[int]:
+        """Blocks that failed to load since the last call."""
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def take_stats(self) -> KVTierStats | None:
+        """Counters and measurements since the last call."""
+        stats = self.counters.take()
+        with self._lock:
+            learned, self._learned = self._learned, {"prefills": [], "loads": []}
+        if not learned["prefills"] and not learned["loads"]:
+            return stats
+        stats = stats or KVTierStats()
+        stats.data.update(learned)
+        return stats
+
+    def close(self) -> None:
+        """Finish loads and queued stores, close the tiers."""
+        self._pool.shutdown(wait=True)
+        self.cache.close()
+        for tier in self.cache.tiers:
+            tier.close()
+
+
+__all__ = ["WorkerSide", "layer_order"]

@@ -1,0 +1,156 @@
+"""Run token-id prompts through a real offline vLLM engine, in steps, and write what it generated.
+
+    python -m kvtier.testing.vllm_probe SPEC.json OUT.json
+
+The spec (JSON) says how to build the engine and what to do::
+
+    {"connector": {...kv_connector_extra_config...} | null,
+     "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
+     "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
+               {"corrupt": "/dir/**/*.kv"}, {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
+               {"signal": "/tmp/ready", "wait_for": "/tmp/go"}]}
+
+Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
+other in a small pool); the other steps damage tiers between prompts (flip bytes in files, delete
+files, replace a tier's directory with a file) or synchronise with another process. The output
+is ``{"steps": [{"tokens": [[...], ...], "seconds": s}, ...]}``. Tests run each engine in its
+own process because vLLM starts its engine processes by spawn and keeps process-wide state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _damage(step: dict) -> None:
+    if "corrupt" in step:
+        for path in sorted(glob.glob(step["corrupt"], recursive=True)):
+            size = os.path.getsize(path)
+            if size < 8192:
+                continue
+            with open(path, "r+b") as f:  # flip bytes in the payload, past the header page
+                for at in range(4096 + 512, size, 1 << 16):
+                    f.seek(at)
+                    byte = f.read(1)
+                    f.seek(at)
+                    f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\xff")
+    if "delete" in step:
+        for path in glob.glob(step["delete"], recursive=True):
+            os.unlink(path)
+    if "kill" in step:
+        shutil.rmtree(step["kill"], ignore_errors=True)
+        Path(step["kill"]).write_text("this tier is gone\n")
+    if "signal" in step:
+        Path(step["signal"]).write_text("ready\n")
+    if "wait_for" in step:
+        deadline = time.monotonic() + float(step.get("timeout", 300))
+        while not Path(step["wait_for"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+class Probe:
+    """One engine process running a spec, started now."""
+
+    def __init__(self, spec: dict, workdir: Path, name: str, env: dict | None = None):
+        self.spec_path = workdir / f"{name}.spec.json"
+        self.out_path = workdir / f"{name}.out.json"
+        self.log_path = workdir / f"{name}.log"
+        self.spec_path.write_text(json.dumps(spec))
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvtier.testing.vllm_probe", self.spec_path, self.out_path],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its engine processes die with it (killpg)
+        )
+
+    def kill(self) -> None:
+        """Stop the probe and every engine process it started."""
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def result(self, timeout: float = 420) -> list[dict]:
+        """The steps' outputs (RuntimeError with the log's tail when the engine failed)."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = -9
+        self._log.close()
+        if rc != 0 or not self.out_path.exists():
+            tail = self.log_path.read_text()[-4000:]
+            raise RuntimeError(f"vLLM probe failed (rc={rc}):\n{tail}")
+        return json.loads(self.out_path.read_text())["steps"]
+
+
+def read_records(path: Path) -> list[dict]:
+    """The connector's per-request records."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvtier.engines.embedded import embedded_model_folder
+
+    folder, _, _ = embedded_model_folder()
+    kw: dict = {}
+    if spec.get("connector") is not None:
+        kw["kv_transfer_config"] = {
+            "kv_connector": "KVTierConnector",
+            "kv_connector_module_path": "kvtier.engines.vllm.connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": spec["connector"],
+        }
+    if spec.get("blocks"):
+        kw["num_gpu_blocks_override"] = int(spec["blocks"])
+    llm = LLM(
+        model=str(folder),
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=int(spec.get("max_model_len", 4096)),
+        enable_prefix_caching=bool(spec.get("prefix_caching", True)),
+        max_num_seqs=int(spec.get("max_num_seqs", 8)),
+        **kw,
+    )
+    out: list[dict] = []
+    for step in spec["steps"]:
+        if "prompts" not in step:
+            _damage(step)
+            out.append({})
+            continue
+        params = SamplingParams(temperature=0, max_tokens=int(step.get("max_tokens", 16)))
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in step["prompts"]]
+        began = time.perf_counter()
+        results = llm.generate(prompts, params, use_tqdm=False)
+        out.append(
+            {
+                "tokens": [list(r.outputs[0].token_ids) for r in results],
+                "seconds": time.perf_counter() - began,
+            }
+        )
+    Path(argv[1]).write_text(json.dumps({"steps": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

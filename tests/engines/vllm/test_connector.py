@@ -1,0 +1,247 @@
+"""kvtier's connector inside real vLLM engines: same greedy tokens, and the KV came from kvtier.
+
+Engines (each its own process, shared by the tests of this module):
+
+- ``reference``: vLLM alone with its prefix cache; it computes every prompt with the same
+  cached/computed split the kvtier engines get, so their tokens must match it exactly.
+- ``first``: kvtier (host-memory ``slab://`` in /dev/shm, then a disk ``slab://``), vLLM's prefix
+  cache off so that every reuse must come from kvtier: reuse, an extended prompt, a partial hit.
+- ``second``: another engine process started while ``first`` is still running, with its own host
+  memory and the same disk tier; a pool of 19 blocks forces preemption.
+- ``restart``: after both exited, a new engine on the same disk tier, vLLM's prefix cache on
+  (kvtier supplies only what it lacks); then the disk tier's files are corrupted.
+- ``files``: a ``file://`` tier whose block files are deleted, then whose directory is replaced.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kvtier.testing.vllm_probe import Probe, read_records
+
+SHORT = 16
+LONG = 100
+
+
+@pytest.fixture(scope="module")
+def prompts(text_tokens) -> dict[str, list[int]]:
+    t = text_tokens
+    p = t[0:1100]
+    return {
+        "P": p,
+        "PQ": p + t[3000:3300],
+        "P2": t[0:600] + t[4000:4500],
+        "D": t[5000:6100],
+        "S": [p[:1024] + t[2000 + i * 150 : 2076 + i * 150] for i in range(2)],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(prompts, tmp_path_factory):
+    """Every engine's outputs and the connector's records, run once for the module."""
+    work = tmp_path_factory.mktemp("vllm")
+    tag = uuid.uuid4().hex[:8]
+    shm = [Path(f"/dev/shm/kvtier-test-{tag}-{i}") for i in range(3)]
+    disk = work / "disk"
+    files = work / "files"
+
+    def tiers(i: int) -> list[str]:
+        return [f"slab://{shm[i]}?size=192MiB", f"slab://{disk}?size=1GiB"]
+
+    P, PQ, P2, D, S = (prompts[k] for k in ("P", "PQ", "P2", "D", "S"))
+    started: list[Probe] = []
+
+    def probe(spec: dict, name: str) -> Probe:
+        started.append(Probe(spec, work, name))
+        return started[-1]
+
+    try:
+        ref = probe(
+            {
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [D], "max_tokens": SHORT},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [PQ], "max_tokens": SHORT},
+                    {"prompts": [P2], "max_tokens": SHORT},
+                    {"prompts": S, "max_tokens": LONG},
+                    {"prompts": [PQ], "max_tokens": SHORT},
+                ]
+            },
+            "reference",
+        ).result()
+        first = probe(
+            {
+                "connector": {"tiers": tiers(0), "records": str(work / "first.jsonl")},
+                "prefix_caching": False,
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [PQ], "max_tokens": SHORT},
+                    {"prompts": [P2], "max_tokens": SHORT},
+                    {"prompts": [D], "max_tokens": SHORT},
+                    {"signal": str(work / "first.ready"), "wait_for": str(work / "first.go")},
+                ],
+            },
+            "first",
+        )
+        # the second engine starts once the first has stored everything and is still alive
+        _wait_for(work / "first.ready", first)
+        second = probe(
+            {
+                "connector": {"tiers": tiers(1), "records": str(work / "second.jsonl")},
+                "prefix_caching": False,
+                "blocks": 19,
+                "max_model_len": 2048,
+                "max_num_seqs": 2,
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": S, "max_tokens": LONG},
+                ],
+            },
+            "second",
+        ).result()
+        (work / "first.go").write_text("go\n")
+        first_out = first.result()
+        shutil.rmtree(shm[0], ignore_errors=True)
+        shutil.rmtree(shm[1], ignore_errors=True)
+        restart = probe(
+            {
+                "connector": {"tiers": tiers(2), "records": str(work / "restart.jsonl")},
+                "prefix_caching": True,
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [PQ], "max_tokens": SHORT},
+                    {"corrupt": f"{disk}/**/*.slab"},
+                    {"prompts": [D], "max_tokens": SHORT},
+                ],
+            },
+            "restart",
+        ).result()
+        file_tier = probe(
+            {
+                "connector": {
+                    "tiers": [f"file://{files}?size=1GiB"],
+                    "records": str(work / "files.jsonl"),
+                },
+                "prefix_caching": False,
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"delete": f"{files}/**/*.kv"},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"kill": str(files)},
+                    {"prompts": [P], "max_tokens": SHORT},
+                ],
+            },
+            "files",
+        ).result()
+    finally:
+        for p in started:
+            if p.proc.poll() is None:
+                p.kill()
+        for d in shm:
+            shutil.rmtree(d, ignore_errors=True)
+    records = {
+        n: read_records(work / f"{n}.jsonl") for n in ("first", "second", "restart", "files")
+    }
+    return {
+        "reference": ref,
+        "first": first_out,
+        "second": second,
+        "restart": restart,
+        "files": file_tier,
+        "records": records,
+        "work": work,
+    }
+
+
+def _wait_for(path: Path, probe: Probe, timeout: float = 420) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if probe.proc.poll() is not None or time.monotonic() > deadline:
+            probe.kill()
+            pytest.fail("the first engine never got ready:\n" + probe.log_path.read_text()[-4000:])
+        time.sleep(0.5)
+
+
+def _tokens(run: list[dict], step: int) -> list[list[int]]:
+    return run[step]["tokens"]
+
+
+def _by_prompt(records: list[dict], prompt: list[int]) -> list[dict]:
+    from kvtier.engines.vllm.scheduler import prompt_hash
+
+    h = prompt_hash(prompt)
+    return [r for r in records if r["prompt_hash"] == h]
+
+
+def test_reuse_in_one_engine_gives_the_same_tokens_from_kvtier_host_memory(runs, prompts):
+    ref, first = runs["reference"], runs["first"]
+    assert _tokens(first, 0) == _tokens(ref, 0)  # cold: computed
+    assert _tokens(first, 1) == _tokens(ref, 2)  # again: loaded
+    recs = _by_prompt(runs["records"]["first"], prompts["P"])
+    assert [r["loaded_tokens"] for r in recs] == [0, 1024]
+    assert set(recs[1]["hit_tokens"]) == {"host"}  # the first tier: host memory
+
+
+def test_an_extended_prompt_loads_the_shared_prefix(runs, prompts):
+    assert _tokens(runs["first"], 2) == _tokens(runs["reference"], 3)
+    (rec,) = _by_prompt(runs["records"]["first"], prompts["PQ"])
+    assert rec["loaded_tokens"] == 1024
+
+
+def test_a_partial_hit_loads_only_the_chunks_that_match(runs, prompts):
+    assert _tokens(runs["first"], 3) == _tokens(runs["reference"], 4)
+    (rec,) = _by_prompt(runs["records"]["first"], prompts["P2"])
+    assert rec["loaded_tokens"] == 512
+
+
+def test_another_engine_process_loads_what_the_first_stored_on_the_shared_disk(runs, prompts):
+    assert _tokens(runs["second"], 0) == _tokens(runs["reference"], 2)
+    (rec,) = _by_prompt(runs["records"]["second"], prompts["P"])
+    assert rec["loaded_tokens"] == 1024
+    assert set(rec["hit_tokens"]) == {"slab"}  # the disk tier, written by the other process
+
+
+def test_preempted_requests_reload_from_kvtier_and_give_the_same_tokens(runs, prompts):
+    assert _tokens(runs["second"], 1) == _tokens(runs["reference"], 5)
+    recs = [r for s in prompts["S"] for r in _by_prompt(runs["records"]["second"], s)]
+    resumed = [r for r in recs if r["preemptions"] > 0]
+    assert resumed, f"the 19-block pool preempted nothing: {recs}"
+    assert all(r["loaded_tokens"] >= 1024 for r in resumed)
+
+
+def test_after_a_restart_the_disk_tier_serves_what_vllms_own_cache_lacks(runs, prompts):
+    ref, restart = runs["reference"], runs["restart"]
+    assert _tokens(restart, 0) == _tokens(ref, 2)
+    assert _tokens(restart, 1) == _tokens(ref, 6)
+    recs = runs["records"]["restart"]
+    (p,) = _by_prompt(recs, prompts["P"])
+    assert p["loaded_tokens"] == 1024 and p["local_hit_tokens"] == 0
+    (pq,) = _by_prompt(recs, prompts["PQ"])
+    # vLLM's cache has P's 1024 tokens; kvtier adds the chunk the first engine stored after it
+    assert pq["local_hit_tokens"] == 1024 and pq["loaded_tokens"] == 256
+
+
+def test_a_corrupted_disk_block_is_recomputed_and_counted(runs, prompts):
+    assert _tokens(runs["restart"], 3) == _tokens(runs["reference"], 1)
+    (d,) = _by_prompt(runs["records"]["restart"], prompts["D"])
+    assert d["failed_blocks"] > 0 and d["loaded_tokens"] == 0
+
+
+def test_deleted_block_files_and_a_dead_tier_are_recomputed_and_counted(runs, prompts):
+    ref, files = runs["reference"], runs["files"]
+    assert _tokens(files, 0) == _tokens(ref, 0)
+    assert _tokens(files, 1) == _tokens(ref, 2)
+    assert _tokens(files, 3) == _tokens(ref, 0)  # block files deleted: recomputed
+    assert _tokens(files, 5) == _tokens(ref, 0)  # the tier's directory is gone
+    recs = _by_prompt(runs["records"]["files"], prompts["P"])
+    assert recs[1]["loaded_tokens"] == 1024
+    assert recs[2]["failed_blocks"] > 0 and recs[2]["loaded_tokens"] == 0

@@ -132,7 +132,7 @@ def runs(prompts, tmp_path_factory):
                 "steps": [
                     {"prompts": [P], "max_tokens": SHORT},
                     {"prompts": [P], "max_tokens": SHORT},
-                    {"delete": f"{files}/**/*.kv"},
+                    {"delete": f"{files}/**/*.kvb"},
                     {"prompts": [P], "max_tokens": SHORT},
                     {"kill": str(files)},
                     {"prompts": [P], "max_tokens": SHORT},
@@ -211,11 +211,24 @@ def test_another_engine_process_loads_what_the_first_stored_on_the_shared_disk(r
 
 
 def test_preempted_requests_reload_from_kvtier_and_give_the_same_tokens(runs, prompts):
-    assert _tokens(runs["second"], 1) == _tokens(runs["reference"], 5)
-    recs = [r for s in prompts["S"] for r in _by_prompt(runs["records"]["second"], s)]
-    resumed = [r for r in recs if r["preemptions"] > 0]
-    assert resumed, f"the 19-block pool preempted nothing: {recs}"
-    assert all(r["loaded_tokens"] >= 1024 for r in resumed)
+    """The request vLLM preempted reloads its prefix from kvtier and ends with the reference's
+    tokens. The other request is compared up to the preemption (its 52nd token, when the pool
+    runs out): after it, it decodes alone instead of in a batch of two, and vLLM's CPU kernels
+    do not give batch-invariant arithmetic, with or without kvtier."""
+    ref, second = _tokens(runs["reference"], 5), _tokens(runs["second"], 1)
+    by_hash = {}
+    for s in prompts["S"]:
+        by_hash[id(s)] = _by_prompt(runs["records"]["second"], s)
+    resumed = [
+        i for i, s in enumerate(prompts["S"]) if any(r["preemptions"] for r in by_hash[id(s)])
+    ]
+    assert resumed, f"the 19-block pool preempted nothing: {by_hash}"
+    for i, s in enumerate(prompts["S"]):
+        if i in resumed:
+            assert second[i] == ref[i]
+            assert all(r["loaded_tokens"] >= 1024 for r in by_hash[id(s)])
+        else:
+            assert second[i][:50] == ref[i][:50]
 
 
 def test_after_a_restart_the_disk_tier_serves_what_vllms_own_cache_lacks(runs, prompts):
@@ -245,3 +258,4 @@ def test_deleted_block_files_and_a_dead_tier_are_recomputed_and_counted(runs, pr
     recs = _by_prompt(runs["records"]["files"], prompts["P"])
     assert recs[1]["loaded_tokens"] == 1024
     assert recs[2]["failed_blocks"] > 0 and recs[2]["loaded_tokens"] == 0
+    assert recs[3]["failed_blocks"] > 0 and recs[3]["loaded_tokens"] == 0

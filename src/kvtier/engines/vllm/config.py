@@ -41,7 +41,10 @@ class ConnectorConfig:
     move its KV from slower tiers into the first one, within ``preload_bytes`` in flight;
     ``preload_wait_s`` is how long a queued request whose KV is still moving up is held back
     (vLLM schedules others meanwhile). ``store``: keep new chunks (off: read-only use).
-    ``records``: a JSON-lines file with one line per request the connector looked up.
+    ``sync_host``: a request whose chunks all sit in the first tier (host memory) loads inside
+    the step that schedules it, before the forward, instead of waiting a step for an
+    asynchronous load. ``records``: a JSON-lines file with one line per request the connector
+    looked up.
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
     """
@@ -59,6 +62,7 @@ class ConnectorConfig:
     tenant: str = ""
     queue_chunks: int = 256
     load_workers: int = 1
+    sync_host: bool = True
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -130,7 +134,7 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
         if name == "preload_wait_s":
             return float(value)
-        if name in ("preload", "store"):
+        if name in ("preload", "store", "sync_host"):
             if not isinstance(value, bool):
                 raise ValueError("true or false")
             return value

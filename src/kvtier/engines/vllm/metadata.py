@@ -39,6 +39,7 @@ class LoadJob:
     req_id: str
     chunks: tuple[ChunkLoad, ...]
     tiers: tuple[int, ...]  # where the scheduler found each chunk (fast→slow index)
+    sync: bool = False  # loaded before this step's forward (the request runs in this step)
 
     @property
     def block_ids(self) -> list[int]:

@@ -66,6 +66,8 @@ class _Request:
     preloaded: int = 0
     recorded: bool = False
     failed: bool = False  # a load of this request failed: it recomputes from now on
+    sync: bool = False  # its load runs inside the step that schedules it (host memory)
+    decision: str = ""
 
 
 class SchedulerSide:
@@ -182,11 +184,14 @@ class SchedulerSide:
             st.plan = None
             return 0, False
         wanted = want - local
+        on_host = all(t == 0 for t in found.tiers[:wanted])
+        st.sync = on_host and self.config.sync_host
+        st.decision = decision.action if decision is not None else "load (unmeasured)"
         st.plan = (num_computed_tokens, want, list(found.tiers[:wanted]))
         st.predicted_load_s = decision.predicted_load_s if decision else 0.0
         saved = self.costs.prefill_seconds(want * self.chunk - num_computed_tokens, 0)
         st.prefill_saved_s = saved or 0.0
-        return want * self.chunk - num_computed_tokens, True
+        return want * self.chunk - num_computed_tokens, not st.sync
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """vLLM allocated the request's blocks: plan the load into them."""
@@ -212,7 +217,7 @@ class SchedulerSide:
             if last <= b0 + skip:
                 break
             chunks.append(ChunkLoad(keys[c], tuple(block_ids[b0 + skip : last]), skip))
-        job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]))
+        job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]), sync=st.sync)
         by_tier: dict[str, int] = {}
         for chunk, t in zip(job.chunks, job.tiers, strict=True):
             name = self.names[t]
@@ -290,38 +295,43 @@ class SchedulerSide:
         st.stored = full
 
     def update_connector_output(self, connector_output) -> None:
-        """Loads the worker finished: record their wait; measurements feed the cost model."""
-        done = connector_output.finished_recving or ()
+        """Loads the worker finished: count and record them; measurements feed the cost model."""
         now = time.monotonic()
         failed = set(connector_output.invalid_block_ids or ())
-        for req_id in done:
+        stats = connector_output.kv_connector_stats
+        data = stats.data if stats is not None else {}
+        waits = {req_id: now for req_id in connector_output.finished_recving or ()}
+        synced = {req_id: seconds for req_id, seconds in data.get("synced", ())}
+        for req_id in set(waits) | set(synced):
             with self._lock:
                 st = self._inflight.pop(req_id, None)
             if st is None or st.load is None:
                 continue
-            wait = now - st.load_started
-            blocks = st.load.block_ids
-            bad = [b for b in blocks if b in failed]
-            loaded_tokens = (
-                len(blocks) if not bad else blocks.index(bad[0])
-            ) * self.geometry.block_size
-            self.counters.add("kv_wait_seconds", wait)
-            self.counters.observe("kv_wait_seconds", wait)
-            self.counters.add("loaded_tokens", loaded_tokens)
-            self.counters.add("predicted_load_seconds", st.predicted_load_s)
-            if not bad:
-                self.counters.add("prefill_seconds_saved", st.prefill_saved_s)
-            else:
-                st.failed = True
-                until = now + BAD_KEY_S
-                for chunk in st.load.chunks:
-                    if any(b in failed for b in chunk.block_ids):
-                        self._bad[chunk.key] = until
-            self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
-            st.load = None
-        stats = connector_output.kv_connector_stats
-        if stats is not None:
-            self._learn(stats.data)
+            wait = synced[req_id] if req_id in synced else now - st.load_started
+            self._finish_load(st, wait, failed, now)
+        if data:
+            self._learn(data)
+
+    def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
+        assert st.load is not None
+        blocks = st.load.block_ids
+        bad = [b for b in blocks if b in failed]
+        loaded_tokens = (
+            len(blocks) if not bad else blocks.index(bad[0])
+        ) * self.geometry.block_size
+        self.counters.observe("kv_wait_seconds", wait)
+        self.counters.add("loaded_tokens", loaded_tokens)
+        self.counters.add("predicted_load_seconds", st.predicted_load_s)
+        if not bad:
+            self.counters.add("prefill_seconds_saved", st.prefill_saved_s)
+        else:
+            st.failed = True
+            until = now + BAD_KEY_S
+            for chunk in st.load.chunks:
+                if any(b in failed for b in chunk.block_ids):
+                    self._bad[chunk.key] = until
+        self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
+        st.load = None
 
     def _learn(self, data: dict) -> None:
         for new, cached, seconds in data.get("prefills", ()):
@@ -361,10 +371,14 @@ class SchedulerSide:
             "loaded_tokens": loaded_tokens,
             "load_wait_s": round(wait, 6),
             "predicted_load_s": round(st.predicted_load_s, 6),
+            "decision": st.decision,
+            "sync": st.sync,
             "preloaded_chunks": st.preloaded,
             "failed_blocks": failed,
             "preemptions": int(getattr(req, "num_preemptions", 0) or 0),
-            "queued_s": round(time.monotonic() - st.arrived, 6),
+            "queued_s": round(max(0.0, st.load_started - st.arrived), 6) if st.load else None,
+            "recorded_s": round(time.monotonic() - st.arrived, 6),
+            "cost_samples": self.costs.as_dict()["prefill_samples"],
         }
         with self._lock:
             self._records.write(json.dumps(line) + "\n")

@@ -36,7 +36,6 @@ COUNTERS = {
     "hit_tokens": "prompt tokens kvtier held beyond vLLM's own prefix cache",
     "loaded_tokens": "prompt tokens loaded from kvtier instead of prefilled",
     "prefill_seconds_saved": "predicted prefill seconds the loaded tokens saved",
-    "kv_wait_seconds": "seconds scheduled requests waited for their KV to load",
     "predicted_load_seconds": "load seconds the cost model predicted for the loads made",
     "measured_load_seconds": "load seconds the loads took",
     "load_errors": "chunks that failed to load (vLLM recomputed their blocks)",
@@ -110,7 +109,7 @@ class KVTierStats(KVConnectorStats):
         for key, values in other.data.get("observed", {}).items():
             observed.setdefault(key, []).extend(values)
         data: dict[str, Any] = {"counts": counts, "observed": observed}
-        for key in ("prefills", "loads"):  # measurements for the scheduler's cost model
+        for key in ("prefills", "loads", "synced"):  # measurements for the scheduler's cost model
             data[key] = list(self.data.get(key, ())) + list(other.data.get(key, ()))
         return KVTierStats(data=data)
 

@@ -72,7 +72,7 @@ class WorkerSide:
         self._loading: dict[str, Future] = {}
         self._errors: set[int] = set()
         self._lock = threading.Lock()
-        self._learned: dict[str, list] = {"prefills": [], "loads": []}
+        self._learned: dict[str, list] = {"prefills": [], "loads": [], "synced": []}
         self._bound_at = 0.0
         self._meta_now: KVTierMetadata | None = None
 
@@ -109,7 +109,13 @@ class WorkerSide:
             with self._lock:
                 self._learned["prefills"].append((new, cached, forward_s))
         for job in meta.loads:
-            self._loading[job.req_id] = self._pool.submit(self._load, job)
+            if job.sync:  # before the forward that uses it (vLLM calls this first then)
+                began = time.perf_counter()
+                self._errors.update(self._load(job))
+                with self._lock:
+                    self._learned["synced"].append((job.req_id, time.perf_counter() - began))
+            else:
+                self._loading[job.req_id] = self._pool.submit(self._load, job)
 
     def _load(self, job: LoadJob) -> list[int]:
         """Read and scatter one request's chunks; the block ids that failed."""
@@ -198,8 +204,8 @@ class WorkerSide:
         """Counters and measurements since the last call."""
         stats = self.counters.take()
         with self._lock:
-            learned, self._learned = self._learned, {"prefills": [], "loads": []}
-        if not learned["prefills"] and not learned["loads"]:
+            learned, self._learned = self._learned, {"prefills": [], "loads": [], "synced": []}
+        if not any(learned.values()):
             return stats
         stats = stats or KVTierStats()
         stats.data.update(learned)

@@ -1,0 +1,48 @@
+"""The connector's cost model: load everything until measured, then the cheaper cut."""
+
+from __future__ import annotations
+
+from kvtier.engines.vllm.costs import OnlineCosts
+
+CHUNK = 256
+CHUNK_BYTES = 6 << 20
+
+
+def _measured(bytes_per_s: float) -> OnlineCosts:
+    costs = OnlineCosts(("host", "disk"), CHUNK, CHUNK_BYTES)
+    for new in (256, 512, 1024, 2048, 4096):  # 1 ms per token of prefill
+        costs.observe_prefill(new, 0, new * 1e-3)
+    costs.observe_load("host", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
+    costs.observe_load("disk", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
+    return costs
+
+
+def test_before_any_measurement_every_hit_is_loaded():
+    costs = OnlineCosts(("host", "disk"), CHUNK, CHUNK_BYTES)
+    want, decision = costs.decide(2000, 1, ["host", "disk", "disk"])
+    assert (want, decision) == (4, None)
+
+
+def test_a_fast_tier_is_loaded_and_a_slow_one_recomputed():
+    fast = _measured(10e9)  # a chunk in 0.6 ms vs 256 ms of prefill
+    want, decision = fast.decide(2000, 0, ["host"] * 7)
+    assert want == 7 and decision is not None and decision.action == "load"
+    slow = _measured(1e6)  # a chunk in 6 s: recompute
+    want, decision = slow.decide(2000, 0, ["disk"] * 7)
+    assert want == 0 and decision.action == "recompute"
+
+
+def test_chunks_vllm_already_holds_are_never_given_up_and_queued_loads_count():
+    costs = _measured(50e6)  # a chunk in ~0.13 s vs 0.256 s of prefill: loading pays
+    want, _ = costs.decide(2000, 2, ["disk"] * 5)
+    assert want == 7
+    # behind 60 s of queued disk reads, recomputing the rest is faster
+    want, _ = costs.decide(2000, 2, ["disk"] * 5, {"disk": 3e9})
+    assert want == 2
+
+
+def test_measurements_are_reported():
+    costs = _measured(1e9)
+    info = costs.as_dict()
+    assert info["prefill_fitted"] and info["prefill_samples"] == 5
+    assert abs(info["tier_bytes_per_s"]["disk"] - 1e9) < 1e3

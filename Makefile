@@ -6,7 +6,8 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: run test lint plan clean setup setup-hf setup-vllm system-deps
 
-run: $(VENV)/.hf
+# The main job: the embedded model through vLLM's CPU build, alone and with kvtier's connector.
+run: $(VENV)/.vllm
 	$(BIN)/kvtier run
 
 test: $(VENV)/.vllm system-deps

@@ -1,0 +1,162 @@
+"""The scheduler half on real tiers with vLLM's own Request objects: what it plans and preloads.
+
+vLLM's scheduler output and block lists are given as the plain data vLLM passes (the connector
+reads only these fields); the tiers, keys, cost model and preloader are the real ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvtier.cache import CacheConfig, TieredCache
+from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.identity import EngineGeometry
+from kvtier.keys import ChunkKeyer, Namespace
+from kvtier.tiers.registry import open_tier
+
+vllm = pytest.importorskip("vllm")
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+from kvtier.engines.vllm.scheduler import SchedulerSide  # noqa: E402
+
+GEOMETRY = EngineGeometry(
+    layers=2, kv_heads=1, head_dim=8, block_size=16, dtype="bfloat16", itemsize=2, layout="t"
+)
+CHUNK = 32
+NS = Namespace("test-model", "weights", "bfloat16", 2, 1, 8, layout="t")
+
+
+class Blocks:
+    """vLLM's KVCacheBlocks as the connector reads it: one group of block ids."""
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+def _empty_step() -> SimpleNamespace:
+    cached = SimpleNamespace(
+        req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+    )
+    return SimpleNamespace(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens={},
+        total_num_scheduled_tokens=0,
+        preempted_req_ids=None,
+    )
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    host = f"/dev/shm/kvtier-sched-{uuid.uuid4().hex[:8]}"
+    yield f"slab://{host}?size=8MiB", f"slab://{tmp_path}/disk?size=64MiB"
+    shutil.rmtree(host, ignore_errors=True)
+
+
+def _on_disk(disk_url: str, tokens: list[int]) -> list[bytes]:
+    """Store the chunks of ``tokens`` in the disk tier only (as an earlier engine would)."""
+    keys = ChunkKeyer(NS, CHUNK).keys(tokens)
+    tier = open_tier(disk_url, NS.id)
+    cache = TieredCache([tier], CacheConfig(chunk_tokens=CHUNK))
+    chunk_bytes = GEOMETRY.chunk_bytes(CHUNK)
+    cache.store(keys, [np.full(chunk_bytes, i, np.uint8) for i in range(len(keys))])
+    assert cache.flush(10)
+    cache.close()
+    tier.close()
+    return keys
+
+
+def _request(tokens, rid="r1") -> Request:
+    return Request(rid, list(tokens), SamplingParams(max_tokens=4), None)
+
+
+def test_a_queued_requests_kv_is_preloaded_into_host_memory_and_then_loads_in_its_step(dirs):
+    _host, disk = dirs
+    tokens = list(range(1000, 1000 + 5 * CHUNK + 7))  # 5 full chunks and 7 tokens
+    keys = _on_disk(disk, tokens)
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        deadline = time.monotonic() + 10
+        while side._reqs["r1"].preload != "done" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert side.cache.tiers[0].contains_many(keys) == [True] * 5  # moved up while queued
+        # vLLM's own cache holds the first block (16 tokens): kvtier supplies the rest
+        n, asynchronous = side.get_num_new_matched_tokens(req, 16)
+        assert (n, asynchronous) == (5 * CHUNK - 16, False)  # host memory: loaded in its step
+        side.update_state_after_alloc(req, Blocks(range(100, 111)), n)
+        (job,) = side.build_connector_meta(_empty_step()).loads
+        assert job.sync and [c.key for c in job.chunks] == keys
+        assert job.chunks[0].skip == 1 and job.chunks[0].block_ids == (101,)
+        assert job.block_ids == list(range(101, 110))  # blocks 1..9 of the request
+    finally:
+        side.close()
+
+
+def test_without_preloading_a_disk_hit_loads_asynchronously_and_a_failed_chunk_is_not_retried(
+    dirs,
+):
+    _host, disk = dirs
+    tokens = list(range(2000, 2000 + 3 * CHUNK + 1))
+    keys = _on_disk(disk, tokens)
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False)
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        n, asynchronous = side.get_num_new_matched_tokens(req, 0)
+        assert (n, asynchronous) == (3 * CHUNK, True)
+        side.update_state_after_alloc(req, Blocks(range(10, 17)), n)
+        (job,) = side.build_connector_meta(_empty_step()).loads
+        assert [c.key for c in job.chunks] == keys and not job.sync
+        # the worker reports chunk 1's blocks as failed: the request and the key are not retried
+        side.update_connector_output(
+            SimpleNamespace(
+                finished_recving={"r1"}, invalid_block_ids={12, 13}, kv_connector_stats=None
+            )
+        )
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+        other = _request(tokens, "r2")
+        side.on_new_request(other)
+        assert side.get_num_new_matched_tokens(other, 0) == (CHUNK, True)  # up to the bad chunk
+    finally:
+        side.close()
+
+
+def test_new_full_chunks_are_planned_for_storing_once(dirs):
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY)
+    try:
+        tokens = list(range(3000, 3000 + 70))
+        req = _request(tokens)
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+        side.update_state_after_alloc(req, Blocks(range(5)), 0)
+        step = _empty_step()
+        step.scheduled_new_reqs = [
+            SimpleNamespace(req_id="r1", block_ids=(list(range(20, 25)),), num_computed_tokens=0)
+        ]
+        step.num_scheduled_tokens = {"r1": 70}
+        meta = side.build_connector_meta(step)
+        (store,) = meta.stores
+        assert store.keys == tuple(ChunkKeyer(NS, CHUNK).keys(tokens))
+        assert store.block_ids == ((20, 21), (22, 23))
+        assert meta.prefill == (70, 0)
+        again = _empty_step()  # the next (decode) step completes no new chunk
+        again.scheduled_cached_reqs = SimpleNamespace(
+            req_ids=["r1"], resumed_req_ids=set(), new_block_ids=[None], num_computed_tokens=[70]
+        )
+        again.num_scheduled_tokens = {"r1": 1}
+        assert side.build_connector_meta(again).stores == []
+    finally:
+        side.close()

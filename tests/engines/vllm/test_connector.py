@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.testing.vllm_probe import Probe, read_records
+from kvtier.engines.vllm.probe import Probe, read_records
 
 SHORT = 16
 LONG = 100

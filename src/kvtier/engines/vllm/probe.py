@@ -1,6 +1,6 @@
 """Run token-id prompts through a real offline vLLM engine, in steps, and write what it generated.
 
-    python -m kvtier.testing.vllm_probe SPEC.json OUT.json
+    python -m kvtier.engines.vllm.probe SPEC.json OUT.json
 
 The spec (JSON) says how to build the engine and what to do::
 
@@ -66,7 +66,7 @@ class Probe:
         self.spec_path.write_text(json.dumps(spec))
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtier.testing.vllm_probe", self.spec_path, self.out_path],
+            [sys.executable, "-m", "kvtier.engines.vllm.probe", self.spec_path, self.out_path],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

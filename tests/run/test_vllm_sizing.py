@@ -89,7 +89,7 @@ def test_a_slower_engine_shrinks_the_workload_to_the_budget():
     assert 0 < sizing.scale < 1 and sizing.fits
     assert sizing.estimate_s <= budget
     assert sizing.requests < SPEC.requests() and sizing.prompt_tokens < full.prompt_tokens
-    assert sizing.working_set_tokens >= 1.5 * POOL
+    assert sizing.working_set_tokens >= 2.0 * POOL
     steps = workload_steps(sizing.spec)
     assert min(len(s.prompt) for s in steps) >= 2048
 
@@ -97,10 +97,10 @@ def test_a_slower_engine_shrinks_the_workload_to_the_budget():
 def test_shrinking_stops_at_a_working_set_larger_than_the_pool():
     sizing = size_workload(SPEC, speed(50), 30, POOL, 4)
     assert not sizing.fits and "exceeds the phase budget" in sizing.notes[0]
-    assert sizing.working_set_tokens >= 1.5 * POOL
+    assert sizing.working_set_tokens >= 2.0 * POOL
     # a little smaller and the pool would hold nearly all of it
     least = scaled(SPEC, max(0.0, sizing.scale - 0.05))
-    assert working_set_tokens(workload_steps(least), 128) < 1.5 * POOL
+    assert working_set_tokens(workload_steps(least), 128) < 2.0 * POOL
     assert min(len(s.prompt) for s in workload_steps(sizing.spec)) >= 2048
 
 

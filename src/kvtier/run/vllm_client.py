@@ -166,6 +166,8 @@ async def complete(
                     stream.feed(chunk, time.perf_counter())
     except httpx.HTTPError as exc:
         raise RequestError(f"request to {base_url} failed: {exc!r}") from None
+    except ValueError as exc:  # a chunk that is not JSON
+        raise RequestError(f"{base_url} sent a broken stream: {exc}") from None
     return stream.done(time.perf_counter())
 
 
@@ -188,6 +190,8 @@ def complete_sync(
                     stream.feed(chunk, time.perf_counter())
     except httpx.HTTPError as exc:
         raise RequestError(f"request to {base_url} failed: {exc!r}") from None
+    except ValueError as exc:  # a chunk that is not JSON
+        raise RequestError(f"{base_url} sent a broken stream: {exc}") from None
     return stream.done(time.perf_counter())
 
 

@@ -25,7 +25,15 @@ def _pyplot():
 
 
 def _title(report: VllmRunReport) -> str:
-    return f"{report.model.get('model_id')} on {report.machine.get('cpu')}"
+    return f"{report.model.get('model_id')}\n{report.machine.get('cpu')}"
+
+
+def _seconds_axis(axis) -> None:
+    """A log axis of seconds labelled 0.5, 1, 2, 10 … rather than powers of ten."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(FormatStrFormatter(""))
 
 
 def plot_ttft(report: VllmRunReport, path: Path) -> Path:
@@ -46,13 +54,15 @@ def plot_ttft(report: VllmRunReport, path: Path) -> Path:
             alpha=0.8,
         )
     cdf.set_xscale("log")
+    _seconds_axis(cdf.xaxis)
     cdf.set_xlabel("time to first token (s)")
     cdf.set_ylabel("share of requests")
     cdf.legend(fontsize=8)
     scatter.set_yscale("log")
+    _seconds_axis(scatter.yaxis)
     scatter.set_xlabel("prompt tokens")
     scatter.set_ylabel("time to first token (s)")
-    fig.suptitle(f"TTFT: {_title(report)}", fontsize=9)
+    fig.suptitle(f"time to first token: {_title(report)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -67,7 +77,7 @@ def plot_sources(report: VllmRunReport, path: Path) -> Path:
     order = list(SOURCE_COLORS)
     tiers = {t for s in systems.values() for t in s["hit_tokens"]}
     sources = ["computed", *sorted(tiers, key=lambda t: (order.index(t) if t in order else 9, t))]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
     bottom = [0.0] * len(names)
     for source in sources:
         values = [
@@ -82,7 +92,7 @@ def plot_sources(report: VllmRunReport, path: Path) -> Path:
         ax.bar(names, values, bottom=bottom, label=label, color=SOURCE_COLORS.get(source))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("prompt tokens")
-    ax.set_title(f"where prompt tokens came from: {_title(report)}", fontsize=9)
+    ax.set_title(f"where prompt tokens came from: {_title(report)}", fontsize=8)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -103,6 +113,7 @@ def plot_timeline(report: VllmRunReport, path: Path) -> Path:
             c=COLORS.get(phase.system),
         )
     ax.set_yscale("log")
+    _seconds_axis(ax.yaxis)
     ax.set_xlabel("seconds into the phase (request sent)")
     ax.set_ylabel("time to first token (s)")
     ax.set_title(f"TTFT over the run: {_title(report)}", fontsize=9)

@@ -177,7 +177,7 @@ def size_workload(
     concurrency: int,
     *,
     block_tokens: int = 128,
-    min_ws_ratio: float = 1.5,
+    min_ws_ratio: float = 2.0,
     iterations: int = 10,
 ) -> Sizing:
     """The largest scale of ``spec`` whose phase estimate fits ``phase_budget_s``, but never one

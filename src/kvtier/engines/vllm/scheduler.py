@@ -68,6 +68,7 @@ class _Request:
     failed: bool = False  # a load of this request failed: it recomputes from now on
     sync: bool = False  # its load runs inside the step that schedules it (host memory)
     decision: str = ""
+    hit_chunks: int = 0  # chunks kvtier held beyond vLLM's cache at the last lookup
 
 
 class SchedulerSide:
@@ -170,13 +171,12 @@ class SchedulerSide:
         except Exception as exc:  # a tier that cannot answer is a miss, never a failed request
             log.warning("kvtier lookup failed (%s); recomputing", exc)
             return 0, False
-        self.counters.add("lookups")
+        st.hit_chunks = found.hit_chunks
         if found.hit_chunks == 0:
             st.plan = None
             st.stored = max(st.stored, local)
             return 0, False
         tiers = [self.names[t] for t in found.tiers]
-        self.counters.add("hit_tokens", found.hit_chunks * self.chunk)
         queued = self._queued_bytes()
         want, decision = self.costs.decide(request.num_tokens, local, tiers, queued)
         st.stored = max(st.stored, local + found.hit_chunks)
@@ -189,13 +189,19 @@ class SchedulerSide:
         st.decision = decision.action if decision is not None else "load (unmeasured)"
         st.plan = (num_computed_tokens, want, list(found.tiers[:wanted]))
         st.predicted_load_s = decision.predicted_load_s if decision else 0.0
-        saved = self.costs.prefill_seconds(want * self.chunk - num_computed_tokens, 0)
+        saved = self.costs.prefill_seconds(
+            want * self.chunk - num_computed_tokens, num_computed_tokens
+        )
         st.prefill_saved_s = saved or 0.0
         return want * self.chunk - num_computed_tokens, not st.sync
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """vLLM allocated the request's blocks: plan the load into them."""
         st = self._state(request)
+        if st.plan is not None or not st.recorded:  # once per lookup that got blocks
+            self.counters.add("lookups")
+            self.counters.add("hit_tokens", st.hit_chunks * self.chunk)
+        st.hit_chunks = 0
         if num_external_tokens <= 0 or st.plan is None:
             if st.plan is None and not st.recorded:
                 self._record(st, loaded_tokens=0)
@@ -285,6 +291,8 @@ class SchedulerSide:
         keys = self._keys(st, full * self.chunk)
         bpc = self.blocks_per_chunk
         chosen = range(st.stored, full)
+        for c in chosen:  # a chunk stored anew may be offered again
+            self._bad.pop(keys[c], None)
         meta.stores.append(
             StoreJob(
                 st.request.request_id,
@@ -327,9 +335,14 @@ class SchedulerSide:
         else:
             st.failed = True
             until = now + BAD_KEY_S
+            first_bad = None
             for chunk in st.load.chunks:
                 if any(b in failed for b in chunk.block_ids):
                     self._bad[chunk.key] = until
+                    if first_bad is None:
+                        first_bad = st.keys.index(chunk.key)
+            if first_bad is not None:  # vLLM recomputes them: store them again, healing the tier
+                st.stored = min(st.stored, first_bad)
         self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
         st.load = None
 

@@ -76,7 +76,7 @@ class KVTierConnector(KVConnectorBase_V1):
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
         if self._worker is not None:
-            self._worker._meta_now = None
+            self._worker.unbind()
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         if self._worker is not None:

@@ -98,6 +98,10 @@ class WorkerSide:
         self._meta_now = meta
         self._bound_at = time.perf_counter()
 
+    def unbind(self) -> None:
+        """The step is over: its metadata no longer applies."""
+        self._meta_now = None
+
     def start_load_kv(self) -> None:
         """Start the step's loads in the background (called after the forward is launched)."""
         meta = self._meta_now

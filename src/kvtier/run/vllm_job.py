@@ -465,13 +465,21 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
         paths.clean(config.keep, ok)
     if config.keep or not ok:
         notes.append(f"logs and records in {paths.run_dir}")
+    load_after = _load_average()
+    cpus = os.cpu_count() or 1
+    busiest = max(load_before[:1] + load_after[:1], default=0.0)
+    if busiest > cpus:
+        notes.append(
+            f"the machine was busy (load average {busiest:.1f} on {cpus} cores): other work "
+            "shared the CPU with the engine, so the timings are noisy"
+        )
 
     return VllmRunReport(
         machine={
             "cpu": cpu_description(),
-            "cpus": os.cpu_count() or 1,
+            "cpus": cpus,
             "load_average_before": load_before,
-            "load_average_after": _load_average(),
+            "load_average_after": load_after,
         },
         model={
             "model_id": model_id,

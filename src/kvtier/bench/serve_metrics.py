@@ -1,0 +1,133 @@
+"""A server's ``/metrics`` around one client run: vLLM's prefix-cache counters and kvtier's own
+series, scraped before and after, as the difference.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Series kept from a scrape: vLLM's token and cache counters, and every kvtier one.
+PREFIXES = (
+    "vllm:prefix_cache_",
+    "vllm:external_prefix_cache_",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "kvtier_",
+)
+#: Labels that are the same on every series of one server.
+_DROPPED_LABELS = ("engine", "model_name")
+
+
+def parse_metrics(text: str, prefixes: tuple[str, ...] = PREFIXES) -> dict[str, float]:
+    """Prometheus text → ``{"name{label=value,…}": value}`` for the series named by
+    ``prefixes`` (``*_created`` timestamps and the per-server labels dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.startswith(prefixes) or name.endswith("_created"):
+                continue
+            labels = {k: v for k, v in sample.labels.items() if k not in _DROPPED_LABELS}
+            key = name
+            if labels:
+                key += "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+            out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """The server's ``/metrics`` as :func:`parse_metrics` gives it ({} when unreadable)."""
+    try:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=timeout_s) as r:
+            text = r.read().decode()
+    except (OSError, urllib.error.URLError):
+        return {}
+    return parse_metrics(text)
+
+
+def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``after - before`` per series (a series new in ``after`` whole); zero changes left out."""
+    out = {}
+    for key, value in after.items():
+        change = value - before.get(key, 0.0)
+        if change:
+            out[key] = round(change, 6)
+    return out
+
+
+def _total(d: Mapping[str, float], name: str) -> float:
+    """The sum of every labelled series of ``name``."""
+    return sum(v for k, v in d.items() if k == name or k.startswith(name + "{"))
+
+
+@dataclass(frozen=True)
+class CacheCounters:
+    """What one run did to the caches, from the ``/metrics`` difference.
+
+    ``local_*``: vLLM's own prefix cache (tokens); ``external_*``: a KV connector's, as vLLM
+    counts them; ``kvtier_*``: kvtier's own series (``tier_hit_tokens`` per tier).
+    """
+
+    prompt_tokens: float = 0.0
+    local_queries: float = 0.0
+    local_hits: float = 0.0
+    external_queries: float = 0.0
+    external_hits: float = 0.0
+    preemptions: float = 0.0
+    kvtier_hit_tokens: float = 0.0
+    kvtier_loaded_tokens: float = 0.0
+    kvtier_load_errors: float = 0.0
+    kvtier_stored_chunks: float = 0.0
+    tier_hit_tokens: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_delta(cls, d: Mapping[str, float]) -> CacheCounters:
+        """Read a :func:`delta` of two scrapes."""
+        tiers: dict[str, float] = {}
+        prefix = "kvtier_tier_hit_tokens_total{"
+        for key, value in d.items():
+            if key.startswith(prefix):
+                labels = dict(p.split("=", 1) for p in key[len(prefix) : -1].split(",") if p)
+                tier = labels.get("tier", "?")
+                tiers[tier] = tiers.get(tier, 0.0) + value
+        return cls(
+            prompt_tokens=_total(d, "vllm:prompt_tokens_total"),
+            local_queries=_total(d, "vllm:prefix_cache_queries_total"),
+            local_hits=_total(d, "vllm:prefix_cache_hits_total"),
+            external_queries=_total(d, "vllm:external_prefix_cache_queries_total"),
+            external_hits=_total(d, "vllm:external_prefix_cache_hits_total"),
+            preemptions=_total(d, "vllm:num_preemptions_total"),
+            kvtier_hit_tokens=_total(d, "kvtier_hit_tokens_total"),
+            kvtier_loaded_tokens=_total(d, "kvtier_loaded_tokens_total"),
+            kvtier_load_errors=_total(d, "kvtier_load_errors_total"),
+            kvtier_stored_chunks=_total(d, "kvtier_stored_chunks_total"),
+            tier_hit_tokens=dict(sorted(tiers.items())),
+        )
+
+    @property
+    def local_hit_rate(self) -> float | None:
+        """Share of the queried prompt tokens vLLM's own prefix cache held."""
+        return self.local_hits / self.local_queries if self.local_queries else None
+
+    @property
+    def external_hit_rate(self) -> float | None:
+        """Share of the tokens asked of the connector that it held."""
+        return self.external_hits / self.external_queries if self.external_queries else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict, with both hit rates."""
+        out = asdict(self)
+        out["local_hit_rate"] = self.local_hit_rate
+        out["external_hit_rate"] = self.external_hit_rate
+        return out
+
+
+__all__ = ["PREFIXES", "CacheCounters", "delta", "parse_metrics", "scrape"]

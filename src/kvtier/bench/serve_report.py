@@ -1,0 +1,242 @@
+"""Rendering of ``kvtier bench serve``: rich tables, JSON text and an optional PNG plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from kvtier.bench.serve import (
+    REFERENCE,
+    SYSTEMS,
+    RunResult,
+    ServeReport,
+    Target,
+    iter_prefix_runs,
+)
+from kvtier.specs import format_bytes
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f}"
+
+
+def _share(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def _times(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def _tokens(run: RunResult) -> str:
+    k = run.cache
+    if not k.kvtier_loaded_tokens and not k.tier_hit_tokens:
+        return "–"
+    tiers = ", ".join(f"{t} {v:,.0f}" for t, v in k.tier_hit_tokens.items())
+    return f"{k.kvtier_loaded_tokens:,.0f}" + (f" ({tiers})" if tiers else "")
+
+
+def _verdict(t: Target) -> Text:
+    style = {"PASS": "bold green", "MISS": "bold red"}.get(t.verdict, "dim")
+    return Text(t.verdict, style=style)
+
+
+def prefix_table(report: ServeReport) -> Table:
+    """One row per concurrency and system: the client's TTFT and throughput, the caches."""
+    p = report.config.prefix
+    tiers = report.tiers
+    title = (
+        f"prefix_repetition: {p.num_prefixes} prefixes × {p.prompts_per_prefix} prompts, "
+        f"prefix {p.prefix_tokens} + suffix {p.suffix_tokens} tokens, {p.output_tokens} out; "
+        f"vLLM pool {tiers.get('pool_blocks')} blocks ({tiers.get('pool_tokens')} tokens) vs "
+        f"prefixes {p.prefix_blocks} blocks; TTFT in ms (vLLM's client); load: 1-minute load "
+        "average at the run's start → end"
+    )
+    table = Table(title=title, title_justify="left")
+    for name in (
+        "conc",
+        "system",
+        "ok/fail",
+        "TTFT mean",
+        "TTFT p50",
+        "TTFT p99",
+        "p50 vs vLLM",
+        "req/s",
+        "tok/s",
+        "vLLM cache hits",
+        "connector hits",
+        "kvtier loaded tokens",
+        "s",
+        "load",
+    ):
+        table.add_column(
+            name, justify="left" if name in ("system", "kvtier loaded tokens") else "right"
+        )
+    last = None
+    for run in iter_prefix_runs(report):
+        if last is not None and run.concurrency != last:
+            table.add_section()
+        last = run.concurrency
+        cl = run.client
+        speedup = report.speedup(run.system, run.concurrency)
+        table.add_row(
+            str(run.concurrency),
+            run.system,
+            f"{cl.completed}/{cl.failed}",
+            _ms(cl.ttft_mean_ms),
+            _ms(cl.ttft_median_ms),
+            _ms(cl.ttft_p99_ms),
+            "ref" if run.system == REFERENCE else _times(speedup),
+            f"{cl.request_throughput:.3f}",
+            f"{cl.total_token_throughput:,.0f}",
+            _share(run.cache.local_hit_rate),
+            _share(run.cache.external_hit_rate),
+            _tokens(run),
+            f"{cl.duration_s:.0f}",
+            f"{run.load[0]:.1f}→{run.load[1]:.1f}",
+        )
+    return table
+
+
+def random_table(report: ServeReport) -> Table | None:
+    """The no-reuse rounds: throughput per system and round, and the medians."""
+    r = report.config.random
+    runs = [x for x in report.runs if x.dataset == "random"]
+    if r is None or not runs:
+        return None
+    how = "alternating" if report.config.alternating() else "one system after the other"
+    table = Table(
+        title=(
+            f"random (no reuse): {r.prompts} prompts of {r.input_tokens} tokens, "
+            f"{r.output_tokens} out, concurrency {r.concurrency}; {r.repeats} round(s), {how}"
+        ),
+        title_justify="left",
+    )
+    for name in ("system", "rounds: total tok/s", "median tok/s", "vs vLLM", "TTFT p50", "fail"):
+        table.add_column(name, justify="left" if name == "system" else "right")
+    ref = report.random_throughput(REFERENCE)
+    for system in report.config.random_systems():
+        mine = report.random_runs(system)
+        if not mine:
+            continue
+        med = report.random_throughput(system)
+        ratio = None if med is None or not ref else med / ref
+        table.add_row(
+            system,
+            ", ".join(f"{x.client.total_token_throughput:,.0f}" for x in mine),
+            f"{med:,.0f}" if med else "–",
+            "ref" if system == REFERENCE else (f"{ratio:.3f}" if ratio else "–"),
+            _ms(sorted(x.client.ttft_median_ms for x in mine)[len(mine) // 2]),
+            str(sum(x.client.failed for x in mine)),
+        )
+    return table
+
+
+def targets_table(report: ServeReport) -> Table:
+    """The measured ratios next to the issue's thresholds."""
+    gaps = report.config.shape_gaps()
+    shape = "the issue's target shape" if not gaps else "not the target shape: " + "; ".join(gaps)
+    table = Table(title=f"ratios vs the issue's thresholds ({shape})", title_justify="left")
+    for name in ("ratio", "measured", "threshold", "verdict", "detail"):
+        table.add_column(name, justify="right" if name == "measured" else "left")
+    for t in report.targets():
+        shown = "–" if t.measured is None else f"{t.measured:.3f}"
+        table.add_row(t.name, shown, t.required, _verdict(t), t.detail)
+    return table
+
+
+def serve_table(report: ServeReport) -> Group:
+    """The whole report as rich renderables: tables, then the machine and the systems."""
+    env = report.environment
+    parts: list = [prefix_table(report)]
+    rand = random_table(report)
+    if rand is not None:
+        parts.append(rand)
+    parts.append(targets_table(report))
+    t = report.tiers
+    lines = [
+        f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; vLLM {env.get('vllm')}; model "
+        f"{env.get('model')} bf16; load average {env.get('load_average_start')} → "
+        f"{env.get('load_average_end')}; {report.seconds:.0f} s in all",
+        f"kvtier tiers: dram {format_bytes(t.get('dram_bytes', 0))} (slab:// in /dev/shm), "
+        f"disk {format_bytes(t.get('disk_bytes', 0))} (slab:// on {env.get('filesystem')}), "
+        f"chunks of {t.get('chunk_tokens')} tokens; max model length {t.get('max_model_len')}",
+    ]
+    for info in report.systems:
+        if info.error:
+            lines.append(f"[red]{info.system}: FAILED[/] {info.error} (log {info.log})")
+        elif info.warmup is not None:
+            w = info.warmup
+            lines.append(
+                f"{info.system}: started in {info.startup_s:.0f} s; cold {w.cold_tokens}-token "
+                f"prompt {w.cold_s:.2f} s ({w.prefill_tokens_per_s:,.0f} tok/s)"
+            )
+    errors = {e for run in report.runs for e in run.client.errors}
+    if errors:
+        lines.append(f"[red]client errors[/]: {'; '.join(sorted(errors)[:3])}")
+    parts.extend(Text.from_markup(line) for line in lines)
+    return Group(*parts)
+
+
+def serve_json(report: ServeReport, detailed: bool = False) -> str:
+    """The report as indented JSON."""
+    return json.dumps(report.to_dict(detailed), indent=2)
+
+
+def serve_plot(report: ServeReport, path: Path) -> Path:
+    """TTFT p50 (bars) and p99 (ticks) per system and concurrency; the random throughput.
+
+    ``path`` is a PNG file, or a folder that gets ``bench-serve.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / "bench-serve.png"
+    systems = [s for s in SYSTEMS if s in report.config.systems]
+    levels = list(report.config.concurrency)
+    has_random = bool(report.random_runs(REFERENCE) or report.random_runs("kvtier"))
+    fig, axes = plt.subplots(1, 2 if has_random else 1, figsize=(12 if has_random else 8, 4.5))
+    ax = axes[0] if has_random else axes
+    width = 0.8 / max(1, len(systems))
+    for i, system in enumerate(systems):
+        xs, p50, p99 = [], [], []
+        for j, c in enumerate(levels):
+            run = report.prefix_run(system, c)
+            if run is None or run.client.completed == 0:
+                continue
+            xs.append(j + i * width)
+            p50.append(run.client.ttft_median_ms / 1e3)
+            p99.append(run.client.ttft_p99_ms / 1e3)
+        ax.bar(xs, p50, width, label=system)
+        ax.scatter(xs, p99, marker="_", s=200, color="black")
+    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(levels))])
+    ax.set_xticklabels([f"concurrency {c}" for c in levels])
+    ax.set_ylabel("TTFT p50 (bars), p99 (ticks), s")
+    ax.set_title("prefix_repetition: time to first token")
+    ax.legend()
+    if has_random:
+        ax2 = axes[1]
+        names, values = [], []
+        for system in report.config.random_systems():
+            v = report.random_throughput(system)
+            if v:
+                names.append(system)
+                values.append(v)
+        ax2.bar(names, values, color=["tab:blue", "tab:orange"][: len(names)])
+        ax2.set_ylabel("total tokens/s (median of rounds)")
+        ax2.set_title("random (no reuse): throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["prefix_table", "random_table", "serve_json", "serve_plot", "serve_table"]

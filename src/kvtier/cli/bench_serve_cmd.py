@@ -1,0 +1,238 @@
+"""``kvtier bench serve``: vLLM alone vs kvtier vs vLLM's ExampleConnector, measured by vLLM's own
+benchmark client.
+
+Found and registered by :func:`kvtier.cli.bench_cmd.make_bench_app` (``register_bench``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtier.errors import ConfigError
+
+#: The quick run (the defaults) and the issue's full-size target run (``--target``).
+QUICK = {
+    "concurrency": "1,4",
+    "prefix_len": 2048,
+    "suffix_len": 64,
+    "num_prefixes": 4,
+    "num_prompts": 16,
+    "output_len": 4,
+    "random_input_len": 512,
+    "random_output_len": 16,
+    "random_prompts": 8,
+    "random_concurrency": 4,
+    "repeat": 1,
+}
+TARGET = {
+    **QUICK,
+    "concurrency": "1,4,8",
+    "prefix_len": 4096,
+    "suffix_len": 128,
+    "num_prefixes": 12,
+    "num_prompts": 48,
+    "random_input_len": 1024,
+    "random_prompts": 16,
+    "repeat": 3,
+}
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ConfigError(f"{option}: cannot read {text!r}; write e.g. 1,4,8") from None
+    if not out:
+        raise ConfigError(f"{option} needs at least one value")
+    return out
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x for x in text.replace(" ", "").split(",") if x)
+
+
+def serve(
+    systems: Annotated[
+        str,
+        typer.Option(help="Systems, comma-separated: vllm, kvtier, kvtier-disk, example."),
+    ] = "vllm,kvtier,kvtier-disk,example",
+    target: Annotated[
+        bool,
+        typer.Option(
+            "--target",
+            help="The issue's full-size run (4096-token prefixes, 12 × 4 prompts, concurrency "
+            "1,4,8, random 3 rounds); options given explicitly still win. Long on a CPU.",
+        ),
+    ] = False,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Client concurrencies, comma-separated [1,4].")
+    ] = None,
+    prefix_len: Annotated[int | None, typer.Option(help="Tokens per shared prefix [2048].")] = None,
+    suffix_len: Annotated[
+        int | None, typer.Option(help="Tokens after the prefix in each prompt [64].")
+    ] = None,
+    num_prefixes: Annotated[int | None, typer.Option(help="Distinct prefixes [4].")] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(help="prefix_repetition prompts per run [16].")
+    ] = None,
+    output_len: Annotated[int | None, typer.Option(help="Tokens generated per prompt [4].")] = None,
+    random: Annotated[
+        bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
+    ] = True,
+    random_input_len: Annotated[
+        int | None, typer.Option(help="Tokens per random prompt [512].")
+    ] = None,
+    random_output_len: Annotated[
+        int | None, typer.Option(help="Tokens generated per random prompt [16].")
+    ] = None,
+    random_prompts: Annotated[
+        int | None, typer.Option(help="Random prompts per round [8].")
+    ] = None,
+    random_concurrency: Annotated[
+        int | None, typer.Option(help="Client concurrency of the random rounds [4].")
+    ] = None,
+    repeat: Annotated[
+        int | None,
+        typer.Option(
+            help="Random rounds per system [1]; ≥ 3 keeps vLLM and kvtier up and alternates."
+        ),
+    ] = None,
+    pool_blocks: Annotated[
+        int | None,
+        typer.Option(
+            help="vLLM's KV pool in 128-token blocks, every system [half the prefixes' blocks].",
+            show_default=False,
+        ),
+    ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(help="Engines' max model length [the longest request, rounded up]."),
+    ] = None,
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per kvtier chunk.")] = 256,
+    dram_size: Annotated[
+        str | None, typer.Option(help="kvtier's host-memory tier [one concurrency's KV × 1.25].")
+    ] = None,
+    disk_size: Annotated[
+        str | None, typer.Option(help="kvtier's disk tier [twice what the run stores].")
+    ] = None,
+    directory: Annotated[
+        Path,
+        typer.Option("--dir", help="Run folder: logs, client results, disk tiers."),
+    ] = Path(".kvtier/bench-serve"),
+    seed: Annotated[int, typer.Option(help="Seed of the client's datasets and the engines.")] = 0,
+    quiet_load: Annotated[
+        float | None,
+        typer.Option(
+            help="Before each client run wait (≤ 5 min) until the 1-minute load average is at "
+            "most this: a shared CPU's other work then spares the runs.",
+            show_default=False,
+        ),
+    ] = None,
+    keep: Annotated[bool, typer.Option(help="Leave the tiers' data in place.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Save a PNG here (a folder gets bench-serve.png).")
+    ] = None,
+    strict: Annotated[bool, typer.Option(help="Exit 1 when any threshold is missed.")] = False,
+) -> None:
+    """Each system on its own vLLM server (same KV pool), measured by vLLM's `bench serve`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvtier.bench.serve import (
+        PrefixWorkload,
+        RandomWorkload,
+        ServeBench,
+        ServeBenchConfig,
+    )
+    from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+    from kvtier.specs import parse_size
+    from kvtier.tiers.paths import usable_directory, writable_file
+
+    preset = TARGET if target else QUICK
+    given = {
+        "concurrency": concurrency,
+        "prefix_len": prefix_len,
+        "suffix_len": suffix_len,
+        "num_prefixes": num_prefixes,
+        "num_prompts": num_prompts,
+        "output_len": output_len,
+        "random_input_len": random_input_len,
+        "random_output_len": random_output_len,
+        "random_prompts": random_prompts,
+        "random_concurrency": random_concurrency,
+        "repeat": repeat,
+    }
+    v = {k: preset[k] if x is None else x for k, x in given.items()}
+    config = ServeBenchConfig(
+        systems=_names(systems),
+        concurrency=_ints(str(v["concurrency"]), "--concurrency"),
+        prefix=PrefixWorkload(
+            v["prefix_len"], v["suffix_len"], v["num_prefixes"], v["num_prompts"], v["output_len"]
+        ),
+        random=RandomWorkload(
+            v["random_input_len"],
+            v["random_output_len"],
+            v["random_prompts"],
+            v["random_concurrency"],
+            v["repeat"],
+        )
+        if random
+        else None,
+        pool_blocks=pool_blocks,
+        max_model_len=max_model_len,
+        chunk_tokens=chunk_tokens,
+        dram_size=parse_size(dram_size) if dram_size else None,
+        disk_size=parse_size(disk_size) if disk_size else None,
+        work_dir=directory,
+        seed=seed,
+        keep=keep,
+        quiet_load=quiet_load,
+    )
+    usable_directory(directory, "--dir", keep=False)  # before any server starts
+    if plot is not None and plot.suffix.lower() == ".png":
+        writable_file(plot, "--plot")
+    elif plot is not None:
+        usable_directory(plot, "--plot", keep=False)
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        bench = ServeBench(config)
+        task = progress.add_task("bench serve", total=bench.steps())
+        labels: list[str] = []
+
+        def step(label: str) -> None:
+            if labels:
+                progress.update(task, advance=1)
+            labels.append(label)
+            progress.update(task, description=label)
+
+        bench.on_step = step
+        report = bench.run()
+    if json_out:
+        typer.echo(serve_json(report))
+    else:
+        out = Console()
+        if not out.is_terminal:
+            out.width = max(out.width, 180)
+        out.print(serve_table(report))
+    if plot is not None:
+        saved = serve_plot(report, plot)
+        err.print(f"plot saved to {saved}")
+    err.print(f"logs and client results: {bench.run_dir}")
+    if strict and any(t.passed is False for t in report.targets()):
+        raise typer.Exit(1)
+
+
+def register_bench(bench: typer.Typer) -> None:
+    """Add ``serve`` to the ``kvtier bench`` sub-app."""
+    bench.command("serve")(serve)

@@ -1,0 +1,590 @@
+"""`kvtier bench serve`: the client's arguments, its result files (real ones, saved by vLLM's
+unmodified client in a tiny run), /metrics differences, the ratios and targets, the run's order,
+the report, and bad input refused by the CLI before any server starts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvtier.bench import serve as serve_mod
+from kvtier.bench.serve import (
+    PrefixWorkload,
+    RandomWorkload,
+    RunResult,
+    ServeBench,
+    ServeBenchConfig,
+    ServeReport,
+    SystemInfo,
+    WarmUp,
+    tier_sizes,
+    transfer_config,
+)
+from kvtier.bench.serve_client import (
+    ClientError,
+    ClientResult,
+    ClientRun,
+    ClientWorker,
+    prefix_repetition_args,
+    random_args,
+)
+from kvtier.bench.serve_metrics import CacheCounters, delta, parse_metrics
+from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+from kvtier.cli.main import app
+from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.errors import ConfigError
+
+DATA = Path(__file__).parent / "data"
+PREFIX_FILE = DATA / "vllm_bench_serve_prefix_repetition.json"
+RANDOM_FILE = DATA / "vllm_bench_serve_random.json"
+
+
+# --- the client's arguments ----------------------------------------------------------------------
+def _run(tmp_path: Path, dataset_args: tuple[str, ...]) -> ClientRun:
+    return ClientRun(
+        "http://127.0.0.1:1234",
+        "/models/m",
+        dataset_args,
+        24,
+        4,
+        7,
+        tmp_path / "results",
+        "r.json",
+        "kvtier-prefix_repetition",
+    )
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_argv_of_a_prefix_repetition_run(tmp_path):
+    run = _run(tmp_path, prefix_repetition_args(2048, 64, 6, 4))
+    argv = run.argv()
+    assert _flag(argv, "--backend") == "openai"
+    assert _flag(argv, "--endpoint") == "/v1/completions"
+    assert _flag(argv, "--base-url") == "http://127.0.0.1:1234"
+    assert _flag(argv, "--dataset-name") == "prefix_repetition"
+    assert _flag(argv, "--prefix-repetition-prefix-len") == "2048"
+    assert _flag(argv, "--prefix-repetition-suffix-len") == "64"
+    assert _flag(argv, "--prefix-repetition-num-prefixes") == "6"
+    assert _flag(argv, "--prefix-repetition-output-len") == "4"
+    assert _flag(argv, "--num-prompts") == "24"
+    assert _flag(argv, "--max-concurrency") == "4"
+    assert _flag(argv, "--seed") == "7"
+    assert _flag(argv, "--result-dir") == str(tmp_path / "results")
+    assert _flag(argv, "--result-filename") == "r.json"
+    assert {"--save-result", "--save-detailed", "--ignore-eos", "--disable-tqdm"} <= set(argv)
+    assert run.result_path == tmp_path / "results" / "r.json"
+
+
+def test_argv_of_a_random_run(tmp_path):
+    argv = _run(tmp_path, random_args(512, 16)).argv()
+    assert _flag(argv, "--dataset-name") == "random"
+    assert _flag(argv, "--random-input-len") == "512"
+    assert _flag(argv, "--random-output-len") == "16"
+    assert _flag(argv, "--random-range-ratio") == "0"
+
+
+def test_vllms_own_parser_takes_the_arguments(tmp_path):
+    pytest.importorskip("vllm")
+    from kvtier.engines.vllm.bench_client import client_parser
+
+    parser = client_parser()
+    a = parser.parse_args(_run(tmp_path, prefix_repetition_args(2048, 64, 6, 4)).argv())
+    assert (a.dataset_name, a.prefix_repetition_prefix_len, a.prefix_repetition_num_prefixes) == (
+        "prefix_repetition",
+        2048,
+        6,
+    )
+    assert (a.num_prompts, a.max_concurrency, a.seed, a.save_result) == (24, 4, 7, True)
+    assert a.metric_percentiles == "50,90,99" and a.result_filename == "r.json"
+    b = parser.parse_args(_run(tmp_path, random_args(512, 16)).argv())
+    assert (b.dataset_name, b.random_input_len, b.random_output_len) == ("random", 512, 16)
+
+
+# --- the client's result files -------------------------------------------------------------------
+def test_real_result_files_are_read():
+    r = ClientResult.from_file(PREFIX_FILE)
+    raw = json.loads(PREFIX_FILE.read_text())
+    assert (r.completed, r.failed) == (raw["completed"], raw["failed"])
+    assert r.ttft_median_ms == raw["median_ttft_ms"] and r.ttft_p99_ms == raw["p99_ttft_ms"]
+    assert r.ttft_mean_ms == raw["mean_ttft_ms"]
+    assert r.total_token_throughput == raw["total_token_throughput"]
+    assert r.input_tokens == raw["total_input_tokens"] and r.max_concurrency == 2
+    assert len(r.ttfts_s) == raw["completed"] and r.errors == ()
+    rnd = ClientResult.from_file(RANDOM_FILE)
+    assert rnd.output_tokens == json.loads(RANDOM_FILE.read_text())["total_output_tokens"]
+    assert r.as_dict()["ttfts_s"] == len(r.ttfts_s)
+    assert r.as_dict(detailed=True)["ttfts_s"] == list(r.ttfts_s)
+
+
+def test_failed_and_broken_results(tmp_path):
+    raw = json.loads(PREFIX_FILE.read_text())
+    none_ok = {**raw, "completed": 0, "failed": 4, "errors": ["boom", "", "boom", ""]}
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"):
+        none_ok.pop(key)
+    r = ClientResult.from_dict(none_ok)
+    assert (r.completed, r.failed, r.ttft_median_ms) == (0, 4, 0.0)
+    assert r.errors == ("boom", "boom")
+    missing = dict(raw)
+    del missing["median_ttft_ms"]
+    with pytest.raises(ClientError, match="median_ttft_ms"):
+        ClientResult.from_dict(missing)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ClientError, match="not JSON"):
+        ClientResult.from_file(bad)
+    with pytest.raises(ClientError, match="cannot read"):
+        ClientResult.from_file(tmp_path / "absent.json")
+
+
+# --- /metrics ------------------------------------------------------------------------------------
+def _metrics(queries: float, hits: float, ext_q: float, ext_h: float, dram: float) -> str:
+    return textwrap.dedent(
+        f"""\
+        # HELP vllm:prefix_cache_queries_total Prefix cache queries, in queried tokens.
+        # TYPE vllm:prefix_cache_queries_total counter
+        vllm:prefix_cache_queries_total{{engine="0",model_name="/m"}} {queries}
+        # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+        # TYPE vllm:prefix_cache_hits_total counter
+        vllm:prefix_cache_hits_total{{engine="0",model_name="/m"}} {hits}
+        # HELP vllm:external_prefix_cache_queries_total External prefix cache queries.
+        # TYPE vllm:external_prefix_cache_queries_total counter
+        vllm:external_prefix_cache_queries_total{{engine="0",model_name="/m"}} {ext_q}
+        # HELP vllm:external_prefix_cache_hits_total External prefix cache hits.
+        # TYPE vllm:external_prefix_cache_hits_total counter
+        vllm:external_prefix_cache_hits_total{{engine="0",model_name="/m"}} {ext_h}
+        # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+        # TYPE vllm:prompt_tokens_total counter
+        vllm:prompt_tokens_total{{engine="0",model_name="/m"}} {queries}
+        # HELP vllm:num_requests_running Number of requests in model execution batches.
+        # TYPE vllm:num_requests_running gauge
+        vllm:num_requests_running{{engine="0",model_name="/m"}} 0.0
+        # HELP kvtier_loaded_tokens_total prompt tokens loaded from kvtier instead of prefilled
+        # TYPE kvtier_loaded_tokens_total counter
+        kvtier_loaded_tokens_total{{engine="0",model_name="/m"}} {dram + 256}
+        kvtier_loaded_tokens_created{{engine="0",model_name="/m"}} 1.7e9
+        # HELP kvtier_tier_hit_tokens_total tokens loaded from this tier
+        # TYPE kvtier_tier_hit_tokens_total counter
+        kvtier_tier_hit_tokens_total{{engine="0",model_name="/m",tier="dram"}} {dram}
+        kvtier_tier_hit_tokens_total{{engine="0",model_name="/m",tier="disk"}} 256.0
+        """
+    )
+
+
+def test_metrics_difference_and_counters():
+    before = parse_metrics(_metrics(100, 10, 50, 0, 0))
+    assert "vllm:num_requests_running" not in before  # not one of the kept series
+    assert not any(k.endswith("_created") or "engine=" in k for k in before)
+    after = parse_metrics(_metrics(1100, 410, 650, 300, 512))
+    d = delta(before, after)
+    assert "kvtier_tier_hit_tokens_total{tier=disk}" not in d  # unchanged
+    k = CacheCounters.from_delta(d)
+    assert (k.local_queries, k.local_hits, k.prompt_tokens) == (1000, 400, 1000)
+    assert k.local_hit_rate == pytest.approx(0.4)
+    assert k.external_hit_rate == pytest.approx(0.5)
+    assert k.kvtier_loaded_tokens == 512 and k.tier_hit_tokens == {"dram": 512}
+    assert CacheCounters().local_hit_rate is None
+    assert CacheCounters.from_delta(delta(before, after)).as_dict()["local_hit_rate"] == 0.4
+
+
+# --- configuration -------------------------------------------------------------------------------
+def test_defaults_size_the_pool_below_the_prefixes():
+    c = ServeBenchConfig()
+    assert c.model_len() == 2304  # 2048 + 64 + 4 + slack, in 256s
+    assert c.pool() == 32 < c.prefix.prefix_blocks == 64
+    assert c.prefix.prompts_per_prefix == 4
+    assert not c.alternating()  # one random round
+    assert "prefix 2048 < 4096 tokens" in c.shape_gaps()
+    full = ServeBenchConfig(
+        concurrency=(1, 4, 8),
+        prefix=PrefixWorkload(4096, 128, 12, 48, 4),
+        random=RandomWorkload(1024, 16, 16, 4, 3),
+    )
+    assert full.shape_gaps() == [] and full.alternating()
+    assert ServeBenchConfig(pool_blocks=200).shape_gaps()[-3].startswith("prefixes' 64 blocks")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"systems": ("vllm", "sglang")}, "unknown sglang"),
+        ({"systems": ()}, "none given"),
+        ({"systems": ("vllm", "vllm")}, "each system once"),
+        ({"concurrency": (0,)}, "--concurrency"),
+        ({"prefix": PrefixWorkload(num_prefixes=6, prompts=5)}, "--num-prompts 5"),
+        ({"quiet_load": 0}, "--quiet-load"),
+        ({"prefix": PrefixWorkload(prefix_tokens=0)}, "--prefix-len"),
+        ({"random": RandomWorkload(repeats=0)}, "--repeat"),
+        ({"chunk_tokens": 200}, "multiple of vLLM's 128"),
+        ({"max_model_len": 1024}, "shorter than the longest request"),
+        ({"pool_blocks": 3}, "cannot hold one 2304-token request"),
+        ({"dram_size": 0}, "--dram-size"),
+    ],
+)
+def test_bad_configs_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ServeBenchConfig(**kwargs)
+
+
+def test_transfer_configs(tmp_path):
+    paths = serve_mod.SystemPaths(shm=Path("/dev/shm/kvtier-bench-x-kvtier"), disk=tmp_path / "d")
+    assert transfer_config("vllm", paths, 1 << 26, 1 << 28, 256) is None
+    kv = transfer_config("kvtier", paths, 100 << 20, 300 << 20, 256)
+    assert kv["kv_connector"] == "KVTierConnector"
+    assert kv["kv_connector_module_path"] == "kvtier.engines.vllm.connector"
+    assert kv["kv_load_failure_policy"] == "recompute" and kv["kv_role"] == "kv_both"
+    tiers = kv["kv_connector_extra_config"]["tiers"]
+    assert tiers == [
+        "slab:///dev/shm/kvtier-bench-x-kvtier?size=100MiB&name=dram",
+        f"slab://{tmp_path / 'd'}?size=300MiB&name=disk",
+    ]
+    assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).tiers == tuple(tiers)
+    disk = transfer_config("kvtier-disk", paths, 1, 300 << 20, 256)
+    assert disk["kv_connector_extra_config"]["tiers"] == [tiers[1]]
+    ex = transfer_config("example", paths, 1, 1, 256)
+    assert ex == {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "d")},
+    }
+
+
+def test_tier_sizes_follow_the_workload():
+    c = ServeBenchConfig()
+    dram, disk = tier_sizes(c, 23040)
+    level = (4 * 2048 + 16 * 64) * 23040
+    assert dram == int(level * 1.25)
+    assert disk == 2 * (2 * level + 8 * 512 * 23040)
+    assert tier_sizes(replace(c, dram_size=5, disk_size=7), 23040) == (5, 7)
+
+
+def test_records_and_quiet_wait(tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    lines = [
+        {"decision": "", "local_hit_tokens": 2048, "hit_tokens": {}, "loaded_tokens": 0},
+        {"decision": "load", "local_hit_tokens": 768, "hit_tokens": {"dram": 1280},
+         "loaded_tokens": 1280, "load_wait_s": 0.2},
+        {"decision": "load", "local_hit_tokens": 0, "hit_tokens": {"dram": 1024, "disk": 1024},
+         "loaded_tokens": 2048, "load_wait_s": 0.4},
+    ]  # fmt: skip
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    got = serve_mod.read_records(path)
+    assert len(got) == 3 and serve_mod.read_records(tmp_path / "none.jsonl") == []
+    summary = serve_mod.summarize_records(got)
+    assert summary["decisions"] == {"load": 2, "none": 1}
+    assert summary["hit_tokens"] == {"disk": 1024.0, "dram": 2304.0}
+    assert (summary["loaded_tokens"], summary["local_hit_tokens"]) == (3328.0, 2816.0)
+    assert summary["load_wait_s_mean"] == pytest.approx(0.3)
+    assert serve_mod.wait_quiet(None, 10) == 0.0
+    loads = iter([9.0, 5.0, 1.0])
+    monkeypatch.setattr(serve_mod, "_load1", lambda: next(loads))
+    naps: list[float] = []
+    serve_mod.wait_quiet(2.0, 60, naps.append)
+    assert naps == [2.0, 2.0]
+
+
+# --- ratios and targets --------------------------------------------------------------------------
+def _result(median_ms: float, throughput: float = 100.0, completed: int = 24) -> ClientResult:
+    raw = json.loads(PREFIX_FILE.read_text())
+    raw.update(median_ttft_ms=median_ms, total_token_throughput=throughput, completed=completed)
+    return ClientResult.from_dict(raw)
+
+
+def _runs(p50: dict[tuple[str, int], float], random: dict[str, list[float]]) -> list[RunResult]:
+    out = [
+        RunResult(s, "prefix_repetition", c, i, 0, _result(ms), CacheCounters(), 1.0, "f")
+        for i, ((s, c), ms) in enumerate(p50.items())
+    ]
+    for s, values in random.items():
+        out += [
+            RunResult(s, "random", 4, 1000 + r, r, _result(500, v), CacheCounters(), 1.0, "f")
+            for r, v in enumerate(values)
+        ]
+    return out
+
+
+def _report(config: ServeBenchConfig | None = None) -> ServeReport:
+    p50 = {
+        ("vllm", 1): 6000.0,
+        ("kvtier", 1): 1500.0,
+        ("kvtier-disk", 1): 2000.0,
+        ("example", 1): 6500.0,
+        ("vllm", 4): 9000.0,
+        ("kvtier", 4): 4000.0,
+        ("kvtier-disk", 4): 5000.0,
+        ("example", 4): 9000.0,
+    }
+    random = {"vllm": [100.0, 90.0, 110.0], "kvtier": [98.0, 99.0, 80.0]}
+    config = config or ServeBenchConfig(random=RandomWorkload(repeats=3))
+    systems = [
+        SystemInfo(s, 50.0, WarmUp(5.0, 2112, 4.0), None, f"{s}.log") for s in serve_mod.SYSTEMS
+    ]
+    env = {"cpu": "Xeon (avx512_bf16)", "cpus": 2, "vllm": "0.32.0", "filesystem": "ext4"}
+    tiers = {"dram_bytes": 1 << 28, "disk_bytes": 1 << 30, "pool_blocks": 48, "pool_tokens": 6144}
+    return ServeReport(config, systems, _runs(p50, random), env, tiers, 300.0)
+
+
+def test_ratios_against_vllm_alone():
+    r = _report()
+    assert r.speedup("kvtier", 1) == pytest.approx(4.0)
+    assert r.speedup("kvtier", 4) == pytest.approx(2.25)
+    assert r.speedup("vllm", 1) == pytest.approx(1.0)
+    assert r.random_throughput("vllm") == 100.0 and r.random_throughput("kvtier") == 98.0
+    by_name = {t.name: t for t in r.targets()}
+    t1 = by_name["kvtier TTFT p50 speed-up vs vLLM alone, concurrency 1"]
+    t4 = by_name["kvtier TTFT p50 speed-up vs vLLM alone, concurrency 4"]
+    assert (t1.measured, t1.verdict, t4.verdict) == (pytest.approx(4.0), "PASS", "MISS")
+    d1 = by_name["kvtier-disk / ExampleConnector TTFT p50, concurrency 1"]
+    d4 = by_name["kvtier-disk / ExampleConnector TTFT p50, concurrency 4"]
+    assert d1.measured == pytest.approx(2000 / 6500) and d1.passed
+    assert d4.measured == pytest.approx(5000 / 9000) and d4.passed is False
+    rnd = by_name["random (no reuse): kvtier / vLLM alone throughput"]
+    assert rnd.measured == pytest.approx(0.98) and rnd.passed
+    assert "median of 3 rounds alternating" in rnd.detail
+
+
+def test_missing_figures_are_not_measured():
+    r = _report(ServeBenchConfig(systems=("vllm", "kvtier"), random=None))
+    r.runs = [x for x in r.runs if not (x.system == "vllm" and x.concurrency == 4)]
+    r.runs.append(
+        RunResult(
+            "kvtier", "prefix_repetition", 8, 9, 0, _result(1, completed=0), CacheCounters(), 1, "f"
+        )
+    )
+    assert r.speedup("kvtier", 4) is None and r.p50("kvtier", 8) is None
+    verdicts = [t.verdict for t in r.targets()]
+    assert verdicts == ["PASS", "n/a"]  # no disk/example or random pair in this run
+
+
+def test_report_renders_as_table_json_and_plot(tmp_path):
+    r = _report()
+    console = Console(record=True, width=220)
+    console.print(serve_table(r))
+    text = console.export_text()
+    assert "prefix_repetition: 4 prefixes × 4 prompts" in text
+    assert "4.00×" in text and "ref" in text and "PASS" in text and "MISS" in text
+    assert "not the target shape" in text and "Xeon (avx512_bf16)" in text
+    data = json.loads(serve_json(r))
+    assert data["schema"] == "kvtier.bench.serve/1"
+    assert data["ttft_p50_speedup_vs_vllm"]["1"]["kvtier"] == pytest.approx(4.0)
+    assert data["random_throughput"] == {"vllm": 100.0, "kvtier": 98.0}
+    assert len(data["runs"]) == 8 + 6 and data["config"]["pool_blocks_used"] == 32
+    png = serve_plot(r, tmp_path / "plots")
+    assert png == tmp_path / "plots" / "bench-serve.png" and png.stat().st_size > 0
+
+
+# --- the run's order -----------------------------------------------------------------------------
+class _FakeServer:
+    def __init__(self, system: str, log: list):
+        self.system, self.log = system, log
+        self.base_url, self.model_name = f"http://{system}", "/m"
+
+    def stop(self):
+        self.log.append(("stop", self.system))
+
+
+class _FakeWorker:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _fake_bench(monkeypatch, tmp_path, config: ServeBenchConfig, fail: str | None = None):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps(
+            dict(
+                hidden_size=576,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                vocab_size=49152,
+                intermediate_size=1536,
+            )
+        )
+    )
+    import kvtier.engines.embedded as embedded
+
+    monkeypatch.setattr(embedded, "embedded_model_folder", lambda: (model, "fp", "m"))
+    monkeypatch.setattr(serve_mod, "ClientWorker", _FakeWorker)
+    log: list = []
+    bench = ServeBench(replace(config, work_dir=tmp_path / "w", shm_dir=tmp_path / "shm"))
+
+    def start(system, folder, dram, disk, vocab, report):
+        log.append(("start", system))
+        if system == fail:
+            report.systems.append(SystemInfo(system, error="vLLM exited"))
+            return None
+        report.systems.append(SystemInfo(system, 1.0, WarmUp(1.0, 10, 1.0)))
+        return _FakeServer(system, log)
+
+    def client_run(client, server, system, dataset, concurrency, seed, round_, report):
+        log.append((dataset, system, concurrency, seed))
+        report.runs.append(
+            RunResult(
+                system, dataset, concurrency, seed, round_, _result(100), CacheCounters(), 1, "f"
+            )
+        )
+
+    monkeypatch.setattr(bench, "_start", start)
+    monkeypatch.setattr(bench, "_client_run", client_run)
+    steps: list[str] = []
+    bench.on_step = steps.append
+    return bench, log, steps
+
+
+def test_random_rounds_alternate_between_live_servers(monkeypatch, tmp_path):
+    config = ServeBenchConfig(concurrency=(1, 4), random=RandomWorkload(repeats=3))
+    bench, log, steps = _fake_bench(monkeypatch, tmp_path, config)
+    report = bench.run()
+    assert log == [
+        ("start", "vllm"),
+        ("prefix_repetition", "vllm", 1, 0),
+        ("prefix_repetition", "vllm", 4, 1),
+        ("start", "kvtier"),
+        ("prefix_repetition", "kvtier", 1, 0),
+        ("prefix_repetition", "kvtier", 4, 1),
+        ("random", "vllm", 4, 1000),
+        ("random", "kvtier", 4, 1000),
+        ("random", "kvtier", 4, 1001),
+        ("random", "vllm", 4, 1001),
+        ("random", "vllm", 4, 1002),
+        ("random", "kvtier", 4, 1002),
+        ("stop", "vllm"),
+        ("stop", "kvtier"),
+        ("start", "kvtier-disk"),
+        ("prefix_repetition", "kvtier-disk", 1, 0),
+        ("prefix_repetition", "kvtier-disk", 4, 1),
+        ("stop", "kvtier-disk"),
+        ("start", "example"),
+        ("prefix_repetition", "example", 1, 0),
+        ("prefix_repetition", "example", 4, 1),
+        ("stop", "example"),
+    ]
+    assert len(steps) == bench.steps() - 4  # the fake start takes no step of its own
+    assert report.environment["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2
+    assert report.tiers["pool_blocks"] == 32
+
+
+def test_one_round_runs_on_each_server_before_it_stops(monkeypatch, tmp_path):
+    config = ServeBenchConfig(systems=("kvtier", "vllm"), concurrency=(2,))
+    bench, log, _ = _fake_bench(monkeypatch, tmp_path, config, fail=None)
+    bench.run()
+    assert log == [
+        ("start", "vllm"),
+        ("prefix_repetition", "vllm", 2, 0),
+        ("random", "vllm", 4, 1000),
+        ("stop", "vllm"),
+        ("start", "kvtier"),
+        ("prefix_repetition", "kvtier", 2, 0),
+        ("random", "kvtier", 4, 1000),
+        ("stop", "kvtier"),
+    ]
+
+
+def test_a_failed_partner_leaves_the_other_its_rounds(monkeypatch, tmp_path):
+    config = ServeBenchConfig(
+        systems=("vllm", "kvtier"), concurrency=(1,), random=RandomWorkload(repeats=3)
+    )
+    bench, log, _ = _fake_bench(monkeypatch, tmp_path, config, fail="kvtier")
+    report = bench.run()
+    assert log[-5:] == [
+        ("start", "kvtier"),
+        ("random", "vllm", 4, 1000),
+        ("random", "vllm", 4, 1001),
+        ("random", "vllm", 4, 1002),
+        ("stop", "vllm"),
+    ]
+    assert [s.error for s in report.systems] == [None, "vLLM exited"]
+
+
+# --- the client worker ---------------------------------------------------------------------------
+FAKE_WORKER = """
+import json, shutil, sys
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    argv = json.loads(line)
+    if "--fail" in argv:
+        print(json.dumps({"ok": False, "error": "ValueError: no"}), flush=True)
+        continue
+    if "--hang" in argv:
+        import time; time.sleep(60)
+    out = argv[argv.index("--result-dir") + 1] + "/" + argv[argv.index("--result-filename") + 1]
+    shutil.copy(%r, out)
+    print("noise on stdout", flush=True)
+    print(json.dumps({"ok": True}), flush=True)
+"""
+
+
+def test_client_worker_round_trip(monkeypatch, tmp_path):
+    (tmp_path / "fakeworker.py").write_text(FAKE_WORKER % str(PREFIX_FILE))
+    monkeypatch.setattr("kvtier.bench.serve_client.WORKER_MODULE", "fakeworker")
+    run = _run(tmp_path, prefix_repetition_args(256, 32, 2, 2))
+    env = {"PYTHONPATH": f"{tmp_path}:{':'.join(sys.path)}"}
+    with ClientWorker(tmp_path / "client.log", env) as worker:
+        pid = worker.pid
+        assert (
+            worker.run(run, 30).ttft_median_ms
+            == json.loads(PREFIX_FILE.read_text())["median_ttft_ms"]
+        )
+        failing = replace(run, dataset_args=("--fail",))
+        with pytest.raises(ClientError, match="ValueError: no"):
+            worker.run(failing, 30)
+        with pytest.raises(ClientError, match="did not answer"):
+            worker.run(replace(run, dataset_args=("--hang",)), 0.5)
+    assert worker.pid is None and pid is not None
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)
+
+
+# --- the CLI -------------------------------------------------------------------------------------
+def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
+    code = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--systems", "vllm,foo"], "unknown foo"),
+        (["--concurrency", "1,x"], "--concurrency"),
+        (["--num-prompts", "3"], "--num-prompts 3"),
+        (["--quiet-load", "-1"], "--quiet-load"),
+        (["--pool-blocks", "2"], "--pool-blocks 2"),
+        (["--chunk-tokens", "100"], "--chunk-tokens"),
+        (["--dram-size", "lots"], "lots"),
+        (["--target", "--max-model-len", "2048"], "--max-model-len 2048"),
+        (["--dir", "/proc/kvtier-nope"], "--dir"),
+    ],
+)
+def test_bad_input_is_refused_before_any_server(monkeypatch, capsys, tmp_path, args, message):
+    def no_run(self):
+        raise AssertionError("a server would have started")
+
+    monkeypatch.setattr(ServeBench, "run", no_run)
+    code, out, err = kvtier(monkeypatch, capsys, "bench", "serve", "--dir", str(tmp_path), *args)
+    assert code == 2, err
+    assert message in err and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

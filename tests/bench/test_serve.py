@@ -14,18 +14,7 @@ import pytest
 from rich.console import Console
 
 from kvtier.bench import serve as serve_mod
-from kvtier.bench.serve import (
-    PrefixWorkload,
-    RandomWorkload,
-    RunResult,
-    ServeBench,
-    ServeBenchConfig,
-    ServeReport,
-    SystemInfo,
-    WarmUp,
-    tier_sizes,
-    transfer_config,
-)
+from kvtier.bench.serve import ServeBench, wait_quiet
 from kvtier.bench.serve_client import (
     ClientError,
     ClientResult,
@@ -34,8 +23,25 @@ from kvtier.bench.serve_client import (
     prefix_repetition_args,
     random_args,
 )
+from kvtier.bench.serve_config import (
+    SYSTEMS,
+    PrefixWorkload,
+    RandomWorkload,
+    ServeBenchConfig,
+    SystemPaths,
+    tier_sizes,
+    transfer_config,
+)
 from kvtier.bench.serve_metrics import CacheCounters, delta, parse_metrics
 from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+from kvtier.bench.serve_results import (
+    RunResult,
+    ServeReport,
+    SystemInfo,
+    WarmUp,
+    read_records,
+    summarize_records,
+)
 from kvtier.cli.main import app
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.errors import ConfigError
@@ -235,7 +241,7 @@ def test_bad_configs_are_refused(kwargs, message):
 
 
 def test_transfer_configs(tmp_path):
-    paths = serve_mod.SystemPaths(shm=Path("/dev/shm/kvtier-bench-x-kvtier"), disk=tmp_path / "d")
+    paths = SystemPaths(shm=Path("/dev/shm/kvtier-bench-x-kvtier"), disk=tmp_path / "d")
     assert transfer_config("vllm", paths, 1 << 26, 1 << 28, 256) is None
     kv = transfer_config("kvtier", paths, 100 << 20, 300 << 20, 256)
     assert kv["kv_connector"] == "KVTierConnector"
@@ -276,18 +282,18 @@ def test_records_and_quiet_wait(tmp_path, monkeypatch):
          "loaded_tokens": 2048, "load_wait_s": 0.4},
     ]  # fmt: skip
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    got = serve_mod.read_records(path)
-    assert len(got) == 3 and serve_mod.read_records(tmp_path / "none.jsonl") == []
-    summary = serve_mod.summarize_records(got)
+    got = read_records(path)
+    assert len(got) == 3 and read_records(tmp_path / "none.jsonl") == []
+    summary = summarize_records(got)
     assert summary["decisions"] == {"load": 2, "none": 1}
     assert summary["hit_tokens"] == {"disk": 1024.0, "dram": 2304.0}
     assert (summary["loaded_tokens"], summary["local_hit_tokens"]) == (3328.0, 2816.0)
     assert summary["load_wait_s_mean"] == pytest.approx(0.3)
-    assert serve_mod.wait_quiet(None, 10) == 0.0
+    assert wait_quiet(None, 10) == 0.0
     loads = iter([9.0, 5.0, 1.0])
     monkeypatch.setattr(serve_mod, "_load1", lambda: next(loads))
     naps: list[float] = []
-    serve_mod.wait_quiet(2.0, 60, naps.append)
+    wait_quiet(2.0, 60, naps.append)
     assert naps == [2.0, 2.0]
 
 
@@ -324,9 +330,7 @@ def _report(config: ServeBenchConfig | None = None) -> ServeReport:
     }
     random = {"vllm": [100.0, 90.0, 110.0], "kvtier": [98.0, 99.0, 80.0]}
     config = config or ServeBenchConfig(random=RandomWorkload(repeats=3))
-    systems = [
-        SystemInfo(s, 50.0, WarmUp(5.0, 2112, 4.0), None, f"{s}.log") for s in serve_mod.SYSTEMS
-    ]
+    systems = [SystemInfo(s, 50.0, WarmUp(5.0, 2112, 4.0), None, f"{s}.log") for s in SYSTEMS]
     env = {"cpu": "Xeon (avx512_bf16)", "cpus": 2, "vllm": "0.32.0", "filesystem": "ext4"}
     tiers = {"dram_bytes": 1 << 28, "disk_bytes": 1 << 30, "pool_blocks": 48, "pool_tokens": 6144}
     return ServeReport(config, systems, _runs(p50, random), env, tiers, 300.0)

@@ -9,14 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from kvtier.bench.serve import (
-    REFERENCE,
-    SYSTEMS,
-    RunResult,
-    ServeReport,
-    Target,
-    iter_prefix_runs,
-)
+from kvtier.bench.serve_config import REFERENCE, SYSTEMS
+from kvtier.bench.serve_results import RunResult, ServeReport, Target, iter_prefix_runs
 from kvtier.specs import format_bytes
 
 

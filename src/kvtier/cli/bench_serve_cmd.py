@@ -142,12 +142,8 @@ def serve(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvtier.bench.serve import (
-        PrefixWorkload,
-        RandomWorkload,
-        ServeBench,
-        ServeBenchConfig,
-    )
+    from kvtier.bench.serve import ServeBench
+    from kvtier.bench.serve_config import PrefixWorkload, RandomWorkload, ServeBenchConfig
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file

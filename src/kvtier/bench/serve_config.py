@@ -1,0 +1,331 @@
+"""What ``kvtier bench serve`` runs: the systems, the two datasets' sizes, vLLM's KV pool and
+kvtier's tiers, each system's ``--kv-transfer-config``, and the issue's thresholds and target
+shape (shown next to what is measured, never assumed).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.bench.serve_client import prefix_repetition_args, random_args
+from kvtier.engines.vllm.server import BLOCK_TOKENS, min_pool_blocks
+from kvtier.errors import ConfigError
+
+#: Every system, in the order they run: vLLM alone (its prefix cache), kvtier (host memory then
+#: disk), kvtier with the disk tier only, vLLM's ExampleConnector (safetensors files on disk).
+SYSTEMS = ("vllm", "kvtier", "kvtier-disk", "example")
+REFERENCE = "vllm"
+#: Systems the no-reuse (random) throughput check compares.
+RANDOM_SYSTEMS = ("vllm", "kvtier")
+CONNECTOR_MODULE = "kvtier.engines.vllm.connector"
+DEFAULT_DIR = Path(".kvtier") / "bench-serve"
+
+#: The issue's thresholds (shown next to the measured ratios).
+TTFT_SPEEDUP_TARGET = 3.0
+THROUGHPUT_TOLERANCE = 0.03
+DISK_VS_EXAMPLE_TARGET = 0.5
+#: The issue's workload shape for those thresholds.
+TARGET_PROMPTS_PER_PREFIX = 4
+TARGET_PREFIX_TOKENS = 4096
+TARGET_PROMPTS = 48
+TARGET_CONCURRENCY = (1, 4, 8)
+
+
+@dataclass(frozen=True)
+class PrefixWorkload:
+    """The ``prefix_repetition`` dataset: ``prompts`` over ``num_prefixes`` shared prefixes."""
+
+    prefix_tokens: int = 2048
+    suffix_tokens: int = 64
+    num_prefixes: int = 4
+    prompts: int = 16
+    output_tokens: int = 4
+
+    @property
+    def prompts_per_prefix(self) -> int:
+        return self.prompts // self.num_prefixes
+
+    @property
+    def prefix_blocks(self) -> int:
+        """KV blocks all the prefixes fill together."""
+        return self.num_prefixes * self.prefix_tokens // BLOCK_TOKENS
+
+    @property
+    def request_tokens(self) -> int:
+        return self.prefix_tokens + self.suffix_tokens + self.output_tokens
+
+    def client_args(self) -> tuple[str, ...]:
+        return prefix_repetition_args(
+            self.prefix_tokens, self.suffix_tokens, self.num_prefixes, self.output_tokens
+        )
+
+
+@dataclass(frozen=True)
+class RandomWorkload:
+    """The ``random`` dataset (no reuse): ``repeats`` rounds of ``prompts`` at ``concurrency``."""
+
+    input_tokens: int = 512
+    output_tokens: int = 16
+    prompts: int = 8
+    concurrency: int = 4
+    repeats: int = 1
+
+    @property
+    def request_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def client_args(self) -> tuple[str, ...]:
+        return random_args(self.input_tokens, self.output_tokens)
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """What ``kvtier bench serve`` runs.
+
+    ``pool_blocks`` (None: half the blocks all prefixes fill, at least one request) is vLLM's
+    KV pool for every system; ``max_model_len`` (None: the longest request, rounded up).
+    ``dram_size``/``disk_size``: kvtier's tiers in bytes (None: sized from the workload).
+    ``random``: the no-reuse check (None: skipped). ``keep``: leave the tiers' data in place.
+    ``quiet_load``: before each client run, wait (up to ``quiet_wait_s``) until the machine's
+    1-minute load average is at most this (None: do not wait); other work on a shared CPU
+    slows every system's prefill alike only when it lasts the whole run.
+    """
+
+    systems: tuple[str, ...] = SYSTEMS
+    concurrency: tuple[int, ...] = (1, 4)
+    prefix: PrefixWorkload = field(default_factory=PrefixWorkload)
+    random: RandomWorkload | None = field(default_factory=RandomWorkload)
+    pool_blocks: int | None = None
+    max_model_len: int | None = None
+    chunk_tokens: int = 256
+    dram_size: int | None = None
+    disk_size: int | None = None
+    work_dir: Path = DEFAULT_DIR
+    shm_dir: Path = Path("/dev/shm")
+    seed: int = 0
+    keep: bool = False
+    startup_timeout_s: float = 600.0
+    run_timeout_s: float = 3600.0
+    quiet_load: float | None = None
+    quiet_wait_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown or not self.systems:
+            raise ConfigError(
+                f"--systems: unknown {', '.join(unknown) or '(none given)'}; "
+                f"choose from {', '.join(SYSTEMS)}"
+            )
+        if len(set(self.systems)) != len(self.systems):
+            raise ConfigError("--systems: each system once")
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError("--concurrency: positive integers, e.g. 1,4,8")
+        p = self.prefix
+        for name, value in (
+            ("--prefix-len", p.prefix_tokens),
+            ("--suffix-len", p.suffix_tokens),
+            ("--num-prefixes", p.num_prefixes),
+            ("--num-prompts", p.prompts),
+            ("--output-len", p.output_tokens),
+        ):
+            if value < 1:
+                raise ConfigError(f"{name} must be at least 1, got {value}")
+        if p.prompts < p.num_prefixes:
+            raise ConfigError(
+                f"--num-prompts {p.prompts} gives no prompt to some of the "
+                f"{p.num_prefixes} prefixes; give at least --num-prefixes prompts"
+            )
+        r = self.random
+        if r is not None:
+            for name, value in (
+                ("--random-input-len", r.input_tokens),
+                ("--random-output-len", r.output_tokens),
+                ("--random-prompts", r.prompts),
+                ("--random-concurrency", r.concurrency),
+                ("--repeat", r.repeats),
+            ):
+                if value < 1:
+                    raise ConfigError(f"{name} must be at least 1, got {value}")
+        if self.chunk_tokens < BLOCK_TOKENS or self.chunk_tokens % BLOCK_TOKENS:
+            raise ConfigError(
+                f"--chunk-tokens must be a multiple of vLLM's {BLOCK_TOKENS}-token block"
+            )
+        longest = self.longest_request()
+        if self.max_model_len is not None and self.max_model_len < longest:
+            raise ConfigError(
+                f"--max-model-len {self.max_model_len} is shorter than the longest request "
+                f"({longest} tokens with its answer)"
+            )
+        least = min_pool_blocks(self.model_len())
+        if self.pool_blocks is not None and self.pool_blocks < least:
+            raise ConfigError(
+                f"--pool-blocks {self.pool_blocks} cannot hold one {self.model_len()}-token "
+                f"request; give at least {least}"
+            )
+        for option, size in (("--dram-size", self.dram_size), ("--disk-size", self.disk_size)):
+            if size is not None and size < 1:
+                raise ConfigError(f"{option} must be positive")
+        if self.startup_timeout_s <= 0 or self.run_timeout_s <= 0:
+            raise ConfigError("timeouts must be positive")
+        if self.quiet_load is not None and self.quiet_load <= 0:
+            raise ConfigError(f"--quiet-load must be positive, got {self.quiet_load}")
+
+    def longest_request(self) -> int:
+        """Tokens of the longest request with its answer (and the warm-up's)."""
+        random_tokens = self.random.request_tokens if self.random else 0
+        return max(self.prefix.request_tokens, random_tokens)
+
+    def model_len(self) -> int:
+        """The engines' max model length: given, or the longest request plus slack, in 256s."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return -(-(self.longest_request() + 128) // 256) * 256
+
+    def pool(self) -> int:
+        """vLLM's KV pool in blocks: given, or half the prefixes' blocks (one request at least)."""
+        if self.pool_blocks is not None:
+            return self.pool_blocks
+        return max(min_pool_blocks(self.model_len()), self.prefix.prefix_blocks // 2)
+
+    def ordered_systems(self) -> list[str]:
+        return [s for s in SYSTEMS if s in self.systems]
+
+    def random_systems(self) -> list[str]:
+        if self.random is None:
+            return []
+        return [s for s in RANDOM_SYSTEMS if s in self.systems]
+
+    def alternating(self) -> bool:
+        """Whether the random rounds alternate between two live servers."""
+        return (
+            self.random is not None and self.random.repeats >= 3 and len(self.random_systems()) == 2
+        )
+
+    def shape_gaps(self) -> list[str]:
+        """Where this run's shape falls short of the issue's target run (empty: it is one)."""
+        p = self.prefix
+        gaps = []
+        if p.prompts_per_prefix < TARGET_PROMPTS_PER_PREFIX:
+            gaps.append(f"{p.prompts_per_prefix} prompts per prefix < {TARGET_PROMPTS_PER_PREFIX}")
+        if p.prefix_tokens < TARGET_PREFIX_TOKENS:
+            gaps.append(f"prefix {p.prefix_tokens} < {TARGET_PREFIX_TOKENS} tokens")
+        if p.prefix_blocks <= self.pool():
+            gaps.append(
+                f"prefixes' {p.prefix_blocks} blocks do not exceed the pool's {self.pool()}"
+            )
+        if p.prompts < TARGET_PROMPTS:
+            gaps.append(f"{p.prompts} < {TARGET_PROMPTS} requests")
+        missing = [c for c in TARGET_CONCURRENCY if c not in self.concurrency]
+        if missing:
+            gaps.append(f"concurrency lacks {','.join(map(str, missing))}")
+        return gaps
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["work_dir"] = str(self.work_dir)
+        out["shm_dir"] = str(self.shm_dir)
+        out["pool_blocks_used"] = self.pool()
+        out["max_model_len_used"] = self.model_len()
+        return out
+
+
+def _mib(n: int) -> str:
+    return f"{max(1, -(-n // (1 << 20)))}MiB"
+
+
+def tier_sizes(config: ServeBenchConfig, kv_bytes_per_token: int) -> tuple[int, int]:
+    """kvtier's tiers (host memory, disk) in bytes: given, or from the data one run stores.
+
+    Host memory holds one concurrency's prompts and a quarter more; the disk twice what the
+    whole run stores (every concurrency's prompts and the random rounds), 256 MiB at least.
+    """
+    p = config.prefix
+    level = (p.num_prefixes * p.prefix_tokens + p.prompts * p.suffix_tokens) * kv_bytes_per_token
+    total = level * len(config.concurrency)
+    if config.random is not None:
+        r = config.random
+        total += r.prompts * r.input_tokens * r.repeats * kv_bytes_per_token
+    dram = config.dram_size or max(64 << 20, int(level * 1.25))
+    disk = config.disk_size or max(256 << 20, 2 * total)
+    return dram, disk
+
+
+def kvtier_transfer_config(
+    tiers: list[str], chunk_tokens: int, records: Path | None = None
+) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for kvtier's connector over ``tiers`` (fast→slow);
+    ``records``: the JSON-lines file of one line per request it looked up."""
+    extra: dict[str, Any] = {"tiers": tiers, "chunk_tokens": chunk_tokens}
+    if records is not None:
+        extra["records"] = str(records)
+    return {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def example_transfer_config(directory: Path) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for its ExampleConnector storing in ``directory``."""
+    return {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(directory)},
+    }
+
+
+@dataclass(frozen=True)
+class SystemPaths:
+    """Where one system keeps its data (kvtier's tiers or the ExampleConnector's files) and
+    kvtier's per-request records."""
+
+    shm: Path
+    disk: Path
+    records: Path | None = None
+
+    def remove(self) -> None:
+        for path in (self.shm, self.disk):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def transfer_config(
+    system: str, paths: SystemPaths, dram: int, disk: int, chunk_tokens: int
+) -> dict[str, Any] | None:
+    """The ``--kv-transfer-config`` of ``system`` (None for vLLM alone)."""
+    if system == "vllm":
+        return None
+    if system == "kvtier":
+        return kvtier_transfer_config(
+            [
+                f"slab://{paths.shm}?size={_mib(dram)}&name=dram",
+                f"slab://{paths.disk}?size={_mib(disk)}&name=disk",
+            ],
+            chunk_tokens,
+            paths.records,
+        )
+    if system == "kvtier-disk":
+        disk_only = [f"slab://{paths.disk}?size={_mib(disk)}&name=disk"]
+        return kvtier_transfer_config(disk_only, chunk_tokens, paths.records)
+    if system == "example":
+        return example_transfer_config(paths.disk)
+    raise ConfigError(f"unknown system {system!r}")
+
+
+__all__ = [
+    "DISK_VS_EXAMPLE_TARGET",
+    "REFERENCE",
+    "SYSTEMS",
+    "THROUGHPUT_TOLERANCE",
+    "TTFT_SPEEDUP_TARGET",
+    "PrefixWorkload",
+    "RandomWorkload",
+    "ServeBenchConfig",
+    "SystemPaths",
+    "tier_sizes",
+    "transfer_config",
+]

@@ -1,0 +1,298 @@
+"""What ``kvtier bench serve`` measured: each server's start and warm-up, each client run with
+the caches' counters and the connector's records, and the ratios against vLLM alone next to the
+issue's thresholds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtier.bench.serve_client import ClientResult
+from kvtier.bench.serve_config import (
+    DISK_VS_EXAMPLE_TARGET,
+    REFERENCE,
+    SYSTEMS,
+    THROUGHPUT_TOLERANCE,
+    TTFT_SPEEDUP_TARGET,
+    ServeBenchConfig,
+)
+from kvtier.bench.serve_metrics import CacheCounters
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """The warm-up of one server: a primer, then one timed cold prompt (one token out)."""
+
+    seconds: float
+    cold_tokens: int
+    cold_s: float
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.cold_tokens / self.cold_s if self.cold_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "prefill_tokens_per_s": self.prefill_tokens_per_s}
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """One system's server: its start, warm-up, KV connector config and log, or its failure."""
+
+    system: str
+    startup_s: float = 0.0
+    warmup: WarmUp | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    log: str = ""
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["warmup"] = self.warmup.as_dict() if self.warmup else None
+        return out
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One client run: which system, dataset, concurrency and round; the client's figures and
+    what ``/metrics`` counted meanwhile."""
+
+    system: str
+    dataset: str
+    concurrency: int
+    seed: int
+    round: int
+    client: ClientResult
+    cache: CacheCounters
+    wall_s: float
+    result_file: str
+    argv: tuple[str, ...] = ()
+    series: dict[str, float] = field(default_factory=dict)
+    records: dict[str, Any] = field(default_factory=dict)
+    load: tuple[float, float] = (0.0, 0.0)
+    quiet_wait_s: float = 0.0
+
+    def as_dict(self, detailed: bool = False) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "dataset": self.dataset,
+            "concurrency": self.concurrency,
+            "seed": self.seed,
+            "round": self.round,
+            "client": self.client.as_dict(detailed),
+            "cache": self.cache.as_dict(),
+            "wall_s": self.wall_s,
+            "result_file": self.result_file,
+            "argv": list(self.argv),
+            "series": self.series,
+            "records": self.records,
+            "load_average_1m": list(self.load),
+            "quiet_wait_s": self.quiet_wait_s,
+        }
+
+
+@dataclass(frozen=True)
+class Target:
+    """A measured ratio next to the issue's threshold (``passed`` None: not measured)."""
+
+    name: str
+    measured: float | None
+    required: str
+    passed: bool | None
+    detail: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "n/a" if self.passed is None else ("PASS" if self.passed else "MISS")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0 or num < 0:
+        return None
+    return num / den
+
+
+@dataclass
+class ServeReport:
+    """Everything one ``kvtier bench serve`` measured."""
+
+    config: ServeBenchConfig
+    systems: list[SystemInfo]
+    runs: list[RunResult]
+    environment: dict[str, Any] = field(default_factory=dict)
+    tiers: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def prefix_run(self, system: str, concurrency: int) -> RunResult | None:
+        for run in self.runs:
+            if run.dataset == "prefix_repetition" and (run.system, run.concurrency) == (
+                system,
+                concurrency,
+            ):
+                return run
+        return None
+
+    def random_runs(self, system: str) -> list[RunResult]:
+        return [r for r in self.runs if r.dataset == "random" and r.system == system]
+
+    def p50(self, system: str, concurrency: int) -> float | None:
+        """TTFT p50 (ms) of ``system``'s prefix run at ``concurrency`` (None: none usable)."""
+        run = self.prefix_run(system, concurrency)
+        if run is None or run.client.completed == 0:
+            return None
+        return run.client.ttft_median_ms
+
+    def speedup(self, system: str, concurrency: int) -> float | None:
+        """vLLM alone's TTFT p50 over ``system``'s, at ``concurrency``."""
+        return _ratio(self.p50(REFERENCE, concurrency), self.p50(system, concurrency))
+
+    def random_throughput(self, system: str) -> float | None:
+        """Median total token throughput (tokens/s) of ``system``'s random rounds."""
+        values = [r.client.total_token_throughput for r in self.random_runs(system)]
+        values = [v for v in values if v > 0]
+        return statistics.median(values) if values else None
+
+    def targets(self) -> list[Target]:
+        """The measured ratios against the issue's thresholds."""
+        out = []
+        for c in self.config.concurrency:
+            if "kvtier" in self.config.systems:
+                s = self.speedup("kvtier", c)
+                out.append(
+                    Target(
+                        f"kvtier TTFT p50 speed-up vs vLLM alone, concurrency {c}",
+                        s,
+                        f"≥ {TTFT_SPEEDUP_TARGET:g}×",
+                        None if s is None else s >= TTFT_SPEEDUP_TARGET,
+                        _pair(self.p50(REFERENCE, c), self.p50("kvtier", c), "vLLM", "kvtier"),
+                    )
+                )
+        for c in self.config.concurrency:
+            if {"kvtier-disk", "example"} <= set(self.config.systems):
+                r = _ratio(self.p50("kvtier-disk", c), self.p50("example", c))
+                out.append(
+                    Target(
+                        f"kvtier-disk / ExampleConnector TTFT p50, concurrency {c}",
+                        r,
+                        f"≤ {DISK_VS_EXAMPLE_TARGET:g}",
+                        None if r is None else r <= DISK_VS_EXAMPLE_TARGET,
+                        _pair(
+                            self.p50("kvtier-disk", c), self.p50("example", c), "disk", "example"
+                        ),
+                    )
+                )
+        if len(self.config.random_systems()) == 2:
+            ref, kv = self.random_throughput(REFERENCE), self.random_throughput("kvtier")
+            r = _ratio(kv, ref)
+            rounds = len(self.random_runs("kvtier"))
+            how = "alternating" if self.config.alternating() else "one after the other"
+            out.append(
+                Target(
+                    "random (no reuse): kvtier / vLLM alone throughput",
+                    r,
+                    f"≥ {1 - THROUGHPUT_TOLERANCE:.2f} (within {THROUGHPUT_TOLERANCE:.0%})",
+                    None if r is None else r >= 1 - THROUGHPUT_TOLERANCE,
+                    (
+                        f"median of {rounds} rounds {how}: kvtier {kv or 0:.0f} vs vLLM "
+                        f"{ref or 0:.0f} tok/s"
+                    ),
+                )
+            )
+        return out
+
+    def to_dict(self, detailed: bool = False) -> dict[str, Any]:
+        """The whole report, JSON-ready (per-request TTFTs only when ``detailed``)."""
+        ratios = {
+            str(c): {s: self.speedup(s, c) for s in self.config.ordered_systems()}
+            for c in self.config.concurrency
+        }
+        return {
+            "schema": "kvtier.bench.serve/1",
+            "targets": [t.as_dict() for t in self.targets()],
+            "target_shape_gaps": self.config.shape_gaps(),
+            "ttft_p50_speedup_vs_vllm": ratios,
+            "random_throughput": {
+                s: self.random_throughput(s) for s in self.config.random_systems()
+            },
+            "systems": [s.as_dict() for s in self.systems],
+            "runs": [r.as_dict(detailed) for r in self.runs],
+            "tiers": self.tiers,
+            "environment": self.environment,
+            "seconds": self.seconds,
+            "config": self.config.as_dict(),
+        }
+
+
+def _pair(a: float | None, b: float | None, name_a: str, name_b: str) -> str:
+    if a is None or b is None:
+        return "not measured"
+    return f"{name_a} {a:.0f} ms, {name_b} {b:.0f} ms"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The connector's records so far (lines that are not JSON objects skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                out.append(item)
+    return out
+
+
+def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the connector's records of one run say: requests by decision, tokens it held and
+    loaded (by tier), vLLM's own hits, the mean wait for KV."""
+    decisions: dict[str, int] = {}
+    hit: dict[str, float] = {}
+    loaded = local = 0.0
+    waits = []
+    for r in records:
+        decision = str(r.get("decision") or "none")
+        decisions[decision] = decisions.get(decision, 0) + 1
+        for tier, tokens in (r.get("hit_tokens") or {}).items():
+            hit[tier] = hit.get(tier, 0.0) + float(tokens)
+        loaded += float(r.get("loaded_tokens") or 0)
+        local += float(r.get("local_hit_tokens") or 0)
+        if r.get("loaded_tokens"):
+            waits.append(float(r.get("load_wait_s") or 0.0))
+    return {
+        "requests": len(records),
+        "decisions": dict(sorted(decisions.items())),
+        "hit_tokens": dict(sorted(hit.items())),
+        "loaded_tokens": loaded,
+        "local_hit_tokens": local,
+        "load_wait_s_mean": statistics.fmean(waits) if waits else None,
+    }
+
+
+def iter_prefix_runs(report: ServeReport) -> Iterator[RunResult]:
+    """The prefix runs by concurrency, then system order."""
+    order = {s: i for i, s in enumerate(SYSTEMS)}
+    runs = [r for r in report.runs if r.dataset == "prefix_repetition"]
+    yield from sorted(runs, key=lambda r: (r.concurrency, order[r.system]))
+
+
+__all__ = [
+    "RunResult",
+    "ServeReport",
+    "SystemInfo",
+    "Target",
+    "WarmUp",
+    "iter_prefix_runs",
+    "read_records",
+    "summarize_records",
+]

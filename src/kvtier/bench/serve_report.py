@@ -27,11 +27,13 @@ def _times(x: float | None) -> str:
 
 
 def _tokens(run: RunResult) -> str:
+    """kvtier's tokens: held beyond vLLM's own cache / loaded (by tier)."""
     k = run.cache
-    if not k.kvtier_loaded_tokens and not k.tier_hit_tokens:
+    if not k.kvtier_hit_tokens and not k.kvtier_loaded_tokens and not k.tier_hit_tokens:
         return "–"
     tiers = ", ".join(f"{t} {v:,.0f}" for t, v in k.tier_hit_tokens.items())
-    return f"{k.kvtier_loaded_tokens:,.0f}" + (f" ({tiers})" if tiers else "")
+    loaded = f"{k.kvtier_loaded_tokens:,.0f}" + (f" ({tiers})" if tiers else "")
+    return f"{k.kvtier_hit_tokens:,.0f} / {loaded}"
 
 
 def _verdict(t: Target) -> Text:
@@ -63,12 +65,12 @@ def prefix_table(report: ServeReport) -> Table:
         "tok/s",
         "vLLM cache hits",
         "connector hits",
-        "kvtier loaded tokens",
+        "kvtier held / loaded tokens",
         "s",
         "load",
     ):
         table.add_column(
-            name, justify="left" if name in ("system", "kvtier loaded tokens") else "right"
+            name, justify="left" if name in ("system", "kvtier held / loaded tokens") else "right"
         )
     last = None
     for run in iter_prefix_runs(report):

@@ -1,0 +1,104 @@
+"""TTFT of a request whose long prefix comes from kvtier's host-memory tier vs from vLLM's own
+prefix cache, on one server in one run (alternating), with vLLM's OpenAI server.
+
+    .venv/bin/python scripts/dram_prefix_ttft.py --prefix 8000 --rounds 3 [--json]
+
+Each round: the request runs once with the prefix in vLLM's prefix cache (just computed), then
+vLLM's prefix cache is reset (``/reset_prefix_cache``) and the same request runs again, its prefix
+now loaded from kvtier's ``slab:///dev/shm`` tier. Prints both TTFTs and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+
+def _post(url: str, body: dict | None = None) -> bytes:
+    data = json.dumps(body).encode() if body is not None else b""
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        return resp.read()
+
+
+def _ttft(base: str, model: str, prompt: list[int]) -> float:
+    body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True}
+    req = urllib.request.Request(
+        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    began = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for line in resp:
+            if line.startswith(b"data: ") and b'"text"' in line:
+                return time.perf_counter() - began
+    raise RuntimeError("no token came back")
+
+
+def main() -> None:
+    from kvtier.engines.embedded import embedded_model_folder
+    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefix", type=int, default=8000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    folder, _, _ = embedded_model_folder()
+    shm = Path(f"/dev/shm/kvtier-ttft-{uuid.uuid4().hex[:8]}")
+    disk = Path(f"/tmp/kvtier-ttft-{uuid.uuid4().hex[:8]}")
+    connector = {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.engines.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "tiers": [f"slab://{shm}?size=1GiB", f"slab://{disk}?size=2GiB"]
+        },
+    }
+    config = ServerConfig(
+        folder,
+        max_model_len=args.prefix + 512,
+        kv_transfer_config=connector,
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
+    rng = np.random.default_rng(7)
+    own, kvtier = [], []
+    try:
+        with VllmServer(config, disk.with_suffix(".log")) as server:
+            base, model = server.base_url, server.model_name
+            for _ in range(args.rounds):
+                prefix = rng.integers(1000, 40000, args.prefix).tolist()
+                prompt = prefix + rng.integers(1000, 40000, 64).tolist()
+                _ttft(base, model, prompt)  # computes it: vLLM caches it, kvtier stores it
+                time.sleep(1.0)  # the stores reach the tier
+                own.append(_ttft(base, model, prompt))
+                _post(f"{base}/reset_prefix_cache")
+                kvtier.append(_ttft(base, model, prompt))
+                _post(f"{base}/reset_prefix_cache")
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+    out = {
+        "prefix_tokens": args.prefix,
+        "ttft_vllm_prefix_cache_s": own,
+        "ttft_kvtier_host_tier_s": kvtier,
+        "ratio_median": statistics.median(kvtier) / statistics.median(own),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for a, b in zip(own, kvtier, strict=True):
+            print(f"vLLM prefix cache {a:.3f} s   kvtier host tier {b:.3f} s   ratio {b / a:.2f}")
+        print(f"median ratio {out['ratio_median']:.2f} (target <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()

@@ -401,7 +401,7 @@ def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
     else:
         out = Console()
         if not out.is_terminal:
-            out.width = max(out.width, 120)
+            out.width = max(out.width, 160)
         render(report, out)
     if plot is not None:
         from kvtier.run.vllm_plot import write_plots

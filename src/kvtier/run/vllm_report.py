@@ -298,9 +298,10 @@ def render(report: VllmRunReport, console: Any) -> None:
     if cmp:
         ans = cmp["answers"]
         console.print(
-            f"kvtier: TTFT p50 {_n(cmp['ttft_p50_ratio'])}× and p95 {_n(cmp['ttft_p95_ratio'])}× "
-            f"lower, {_n(cmp['computed_tokens_ratio'])}× fewer prompt tokens computed; same "
-            f"answers on {ans['same']}/{ans['compared']} requests"
+            f"vLLM alone ÷ vLLM + kvtier (above 1: kvtier better): TTFT p50 "
+            f"{_n(cmp['ttft_p50_ratio'])}×, p95 {_n(cmp['ttft_p95_ratio'])}×, prompt tokens "
+            f"computed {_n(cmp['computed_tokens_ratio'])}×; same answers on "
+            f"{ans['same']}/{ans['compared']} requests"
         )
     for note in report.notes:
         console.print(f"[yellow]note[/]: {note}")

@@ -592,3 +592,26 @@ def test_bad_input_is_refused_before_any_server(monkeypatch, capsys, tmp_path, a
     assert code == 2, err
     assert message in err and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sigterm_ends_the_run_through_its_cleanup():
+    import os
+    import signal
+
+    from kvtier.cli.bench_serve_cmd import _run_stopping_on_sigterm
+
+    cleaned: list[bool] = []
+
+    class Bench:
+        def run(self):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                raise AssertionError("SIGTERM did not interrupt the run")
+            finally:
+                cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        _run_stopping_on_sigterm(Bench())
+    assert exc.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) is before

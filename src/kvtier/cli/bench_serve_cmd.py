@@ -213,7 +213,7 @@ def serve(
             progress.update(task, description=label)
 
         bench.on_step = step
-        report = bench.run()
+        report = _run_stopping_on_sigterm(bench)
     if json_out:
         typer.echo(serve_json(report))
     else:
@@ -227,6 +227,21 @@ def serve(
     err.print(f"logs and client results: {bench.run_dir}")
     if strict and any(t.passed is False for t in report.targets()):
         raise typer.Exit(1)
+
+
+def _run_stopping_on_sigterm(bench):
+    """``bench.run()``, with SIGTERM raised as SystemExit so its servers are stopped."""
+    import signal
+    import sys
+
+    def stop(signum, frame):
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return bench.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register_bench(bench: typer.Typer) -> None:

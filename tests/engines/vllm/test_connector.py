@@ -26,6 +26,9 @@ from kvtier.engines.vllm.probe import Probe, read_records
 SHORT = 16
 LONG = 100
 
+# the module's engines all start in the first test's fixture (about five minutes on 2 cores)
+pytestmark = pytest.mark.timeout(1500)
+
 
 @pytest.fixture(scope="module")
 def prompts(text_tokens) -> dict[str, list[int]]:

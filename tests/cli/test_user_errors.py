@@ -111,7 +111,7 @@ def test_run_refuses_bad_sizes_before_the_model(work):
 
 
 def test_run_refuses_an_unknown_tier_scheme_before_the_model(work):
-    code, _, err = kvtier(work, "run", "--tier", "nope://host/x?size=1MiB")
+    code, _, err = kvtier(work, "run", "--engine", "hf", "--tier", "nope://host/x?size=1MiB")
     assert code == 2 and err.splitlines() == [err.strip()] and "no tier for scheme 'nope'" in err
 
 
@@ -120,7 +120,7 @@ def test_a_read_only_mount(work):
     with loop_mount(4 << 20, readonly=True) as root:
         for args, path in (
             (["bench", "storage", "--dir", f"{root}/kv"], f"{root}/kv"),
-            (["run", "--tier", f"file://{root}/kv?size=1MiB"], f"{root}/kv"),
+            (["run", "--engine", "hf", "--tier", f"file://{root}/kv?size=1MiB"], f"{root}/kv"),
             (["plan", "--plot", f"{root}/plan.png"], f"{root}/plan.png"),
         ):
             line = assert_refused(kvtier(work, *args), path, work)

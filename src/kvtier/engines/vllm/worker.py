@@ -74,6 +74,7 @@ class WorkerSide:
         self._lock = threading.Lock()
         self._learned: dict[str, list] = {"prefills": [], "loads": [], "synced": []}
         self._bound_at = 0.0
+        self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
         self._meta_now: KVTierMetadata | None = None
 
     # --- set-up -------------------------------------------------------------------------------
@@ -97,6 +98,7 @@ class WorkerSide:
         """The step's metadata arrived (the forward starts now)."""
         self._meta_now = meta
         self._bound_at = time.perf_counter()
+        self._sync_s = 0.0
 
     def unbind(self) -> None:
         """The step is over: its metadata no longer applies."""
@@ -107,17 +109,14 @@ class WorkerSide:
         meta = self._meta_now
         if meta is None:
             return
-        forward_s = time.perf_counter() - self._bound_at
-        if meta.prefill is not None:
-            new, cached = meta.prefill
-            with self._lock:
-                self._learned["prefills"].append((new, cached, forward_s))
         for job in meta.loads:
             if job.sync:  # before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
                 self._errors.update(self._load(job))
+                took = time.perf_counter() - began
+                self._sync_s += took
                 with self._lock:
-                    self._learned["synced"].append((job.req_id, time.perf_counter() - began))
+                    self._learned["synced"].append((job.req_id, took))
             else:
                 self._loading[job.req_id] = self._pool.submit(self._load, job)
 
@@ -164,8 +163,14 @@ class WorkerSide:
         return failed
 
     def wait_for_save(self) -> None:
-        """Copy out the chunks this step completed and queue them for the tiers."""
+        """Time the step's forward; copy out the chunks it completed and queue them."""
         meta = self._meta_now
+        if meta is not None and meta.prefill is not None:
+            # bind → here spans the forward, with any synchronous loads before it taken out
+            forward_s = time.perf_counter() - self._bound_at - self._sync_s
+            new, cached = meta.prefill
+            with self._lock:
+                self._learned["prefills"].append((new, cached, forward_s))
         layout = self.layout
         if meta is None or layout is None or not meta.stores:
             return

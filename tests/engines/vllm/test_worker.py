@@ -1,0 +1,89 @@
+"""The worker half on real tiers and tensors shaped like vLLM's CPU KV cache (no engine)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+
+import pytest
+import torch
+
+from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.identity import EngineGeometry
+from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
+from kvtier.engines.vllm.worker import WorkerSide
+from kvtier.keys import Namespace
+
+GEOMETRY = EngineGeometry(
+    layers=3, kv_heads=2, head_dim=8, block_size=16, dtype="bfloat16", itemsize=2, layout="t"
+)
+NS = Namespace("test-model", "weights", "bfloat16", 3, 2, 8, layout="t")
+CHUNK = 32  # two blocks
+
+
+@pytest.fixture
+def worker(tmp_path):
+    host = f"/dev/shm/kvtier-worker-{uuid.uuid4().hex[:8]}"
+    config = ConnectorConfig(
+        tiers=(f"slab://{host}?size=8MiB", f"slab://{tmp_path}/disk?size=16MiB"), chunk_tokens=CHUNK
+    )
+    side = WorkerSide(config, NS, GEOMETRY)
+    gen = torch.Generator().manual_seed(0)
+    caches = {
+        f"model.layers.{i}.self_attn.attn": torch.randn(12, 2, 16, 16, generator=gen).to(
+            torch.bfloat16
+        )
+        for i in (2, 0, 1)  # not in layer order: the worker orders them by layer number
+    }
+    side.register_kv_caches(caches)
+    yield side, [caches[f"model.layers.{i}.self_attn.attn"] for i in range(3)]
+    side.close()
+    shutil.rmtree(host, ignore_errors=True)
+
+
+def test_stored_blocks_come_back_bit_for_bit_into_other_blocks(worker):
+    side, caches = worker
+    key = b"k" * 16
+    side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((3, 7),))]))
+    side.wait_for_save()
+    side.unbind()
+    assert side.cache.flush(10)
+    # load the chunk's second block only (vLLM's own cache holds the first) into block 10
+    job = LoadJob("r2", (ChunkLoad(key, (10,), skip=1),), (0,), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    side.unbind()
+    assert side.take_errors() == set()
+    for layer in caches:
+        assert torch.equal(layer[10].view(torch.int16), layer[7].view(torch.int16))
+
+
+def test_a_missing_chunk_is_reported_as_failed_blocks(worker):
+    side, _ = worker
+    job = LoadJob("r3", (ChunkLoad(b"x" * 16, (4, 5)),), (0,))
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    side.unbind()
+    deadline = time.monotonic() + 10
+    done: set[str] = set()
+    while not done and time.monotonic() < deadline:
+        done = side.get_finished()
+        time.sleep(0.01)
+    assert done == {"r3"} and side.take_errors() == {4, 5}
+
+
+def test_the_forward_is_timed_without_the_synchronous_loads_before_it(worker):
+    side, _ = worker
+    key = b"t" * 16
+    side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((0, 1),))]))
+    side.wait_for_save()
+    assert side.cache.flush(10)
+    side.take_stats()
+    job = LoadJob("r4", (ChunkLoad(key, (8, 9)),), (0,), sync=True)
+    side.bind(KVTierMetadata(loads=[job], prefill=(64, 32)))
+    side.start_load_kv()  # vLLM calls it before the forward when a load is synchronous
+    time.sleep(0.2)  # the forward
+    side.wait_for_save()
+    (sample,) = side.take_stats().data["prefills"]
+    assert sample[:2] == (64, 32) and 0.2 <= sample[2] < 1.0

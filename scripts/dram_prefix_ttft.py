@@ -65,7 +65,7 @@ def main() -> None:
     }
     config = ServerConfig(
         folder,
-        max_model_len=args.prefix + 512,
+        max_model_len=min(8192, args.prefix + 512),
         kv_transfer_config=connector,
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )

@@ -56,7 +56,8 @@ class KVTierConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(config, namespace, geometry)
         else:
-            self._worker = WorkerSide(config, namespace, geometry)
+            longest = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
+            self._worker = WorkerSide(config, namespace, geometry, warm_tokens=longest)
 
     @property
     def requires_kv_delivery(self) -> bool:

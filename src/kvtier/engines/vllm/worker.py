@@ -55,7 +55,15 @@ def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
 class WorkerSide:
     """The connector's worker half over ``config``'s tiers."""
 
-    def __init__(self, config: ConnectorConfig, namespace: Namespace, geometry: EngineGeometry):
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        namespace: Namespace,
+        geometry: EngineGeometry,
+        warm_tokens: int = 0,
+    ):
+        """``warm_tokens``: the longest request the engine takes; staging for a load that long is
+        mapped and faulted in when the caches are registered, not during the first load."""
         self.config = config
         self.geometry = geometry
         self.chunk = config.chunk_tokens
@@ -66,7 +74,8 @@ class WorkerSide:
         self.counters = ConnectorCounters()
         self.layout: PagedLayout | None = None
         self._caches: list[np.ndarray] = []  # each layer's blocks as byte rows
-        self._staging = BufferPool(keep=64)
+        self._warm = -(-warm_tokens // self.chunk) if warm_tokens > 0 else 0
+        self._staging = BufferPool(keep=max(64, 2 * self._warm))
         self._meta = BlockMeta(dtype=_DTYPE_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
         self._loading: dict[str, Future] = {}
@@ -92,6 +101,9 @@ class WorkerSide:
             )
         self.layout = layout
         self._caches = byte_views(caches)
+        warm = [self._staging.take(self.chunk_bytes) for _ in range(self._warm)]
+        for buf in warm:
+            self._staging.give(buf)
 
     # --- one step -------------------------------------------------------------------------------
     def bind(self, meta: KVTierMetadata) -> None:
@@ -126,7 +138,13 @@ class WorkerSide:
         if layout is None or not job.chunks:
             return job.block_ids
         taken = [self._staging.take(self.chunk_bytes) for _ in job.chunks]
-        bufs = [t[: self.chunk_bytes] for t in taken]
+        try:
+            return self._load_into(job, layout, [t[: self.chunk_bytes] for t in taken])
+        finally:
+            for buf in taken:  # kept mapped and faulted in for the next load
+                self._staging.give(buf)
+
+    def _load_into(self, job: LoadJob, layout: PagedLayout, bufs: list[np.ndarray]) -> list[int]:
         keys = [c.key for c in job.chunks]
         began = time.perf_counter()
         try:

@@ -62,6 +62,12 @@ def test_whole_prompt_cached_still_computes_one_token():
     assert d.action == "load"
 
 
+def test_an_engine_that_recomputes_the_last_token_may_load_every_chunk():
+    d = policy(dram=Path(1e-5, 1e10)).decide(4 * CHUNK, ["dram"] * 4, usable=4)
+    assert (d.action, d.load_chunks) == ("load", 4)
+    assert d.predicted_prefill_s == pytest.approx(LinearCompute().prefill_seconds(1, 4 * CHUNK))
+
+
 def test_queue_behind_inflight_loads_can_flip_to_recompute():
     p = policy(disk=Path(1e-4, 1e9))
     prompt, hits = 8 * CHUNK + 10, ["disk"] * 8

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from kvtier.engines.vllm.processes import end_process_group
 from kvtier.engines.vllm.server import log_tail
 from kvtier.errors import KvtierError
 
@@ -315,12 +315,7 @@ class ClientWorker:
         with contextlib.suppress(OSError):
             if proc.stdin is not None:
                 proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+        end_process_group(proc, grace_s=5)
 
     def __enter__(self) -> ClientWorker:
         return self.start()

@@ -86,13 +86,19 @@ class LoadOrRecompute:
         prompt_tokens: int,
         hit_tiers: Sequence[str],
         queued_s: Mapping[str, float] | None = None,
+        usable: int | None = None,
     ) -> Decision:
         """The best cut for a prompt whose leading chunks live on ``hit_tiers`` (in order).
 
         At least one prompt token is always left to compute, since the model must produce logits;
         ``load`` means every usable hit chunk is loaded, ``partial`` only a leading part.
+        ``usable``: how many hit chunks may be loaded when the caller has already left the
+        tokens to compute (an engine that computes the last token of a whole cached chunk);
+        by default those that leave one prompt token.
         """
-        usable = min(len(hit_tiers), max(0, (prompt_tokens - 1) // self.chunk_tokens))
+        if usable is None:
+            usable = max(0, (prompt_tokens - 1) // self.chunk_tokens)
+        usable = min(len(hit_tiers), max(0, usable))
         recompute = self.compute.prefill_seconds(prompt_tokens, 0)
         best = (recompute, 0, 0.0, recompute)
         counts: Counter[str] = Counter()
@@ -100,7 +106,8 @@ class LoadOrRecompute:
             counts[hit_tiers[k - 1]] += 1
             cached = k * self.chunk_tokens
             load = self._load_counts(counts, queued_s)
-            prefill = self.compute.prefill_seconds(prompt_tokens - cached, cached)
+            # an engine that recomputes the last token of a whole hit still runs one token
+            prefill = self.compute.prefill_seconds(max(prompt_tokens - cached, 1), cached)
             if load + prefill < best[0]:
                 best = (load + prefill, k, load, prefill)
         _, k, load, prefill = best

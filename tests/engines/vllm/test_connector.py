@@ -26,7 +26,7 @@ from kvtier.engines.vllm.probe import Probe, read_records
 SHORT = 16
 LONG = 100
 
-# the module's engines all start in the first test's fixture (about five minutes on 2 cores)
+# the module's engines all start in the first test's fixture
 pytestmark = pytest.mark.timeout(1500)
 
 

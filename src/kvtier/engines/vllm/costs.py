@@ -132,11 +132,12 @@ class OnlineCosts:
         policy = LoadOrRecompute(
             _Compute(fit), self.chunk_bytes / self.chunk_tokens, paths, self.chunk_tokens
         )
-        # every chunk is "reloadable": the engine's own cover the last token's chunk too
+        # the scheduler offers only chunks that leave vLLM a token to compute: all are usable
         decision = policy.decide(
-            max(prompt_tokens, everything * self.chunk_tokens + 1),
+            prompt_tokens,
             [ENGINE] * local_chunks + list(hit_tiers),
             queued_s,
+            usable=everything,
         )
         return max(decision.load_chunks, local_chunks), decision
 

@@ -19,7 +19,6 @@ own process because vLLM starts its engine processes by spawn and keeps process-
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -28,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kvtier.engines.vllm.processes import end_process_group
 
 
 def _damage(step: dict) -> None:
@@ -75,11 +76,7 @@ class Probe:
 
     def kill(self) -> None:
         """Stop the probe and every engine process it started."""
-        import signal
-
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        end_process_group(self.proc)
 
     def result(self, timeout: float = 420) -> list[dict]:
         """The steps' outputs (RuntimeError with the log's tail when the engine failed)."""

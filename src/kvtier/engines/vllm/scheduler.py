@@ -242,13 +242,16 @@ class SchedulerSide:
             loads, self._loads = self._loads, []
         meta = KVTierMetadata(loads=loads)
         scheduled = scheduler_output.num_scheduled_tokens
+        computed: dict[str, int] = {}  # tokens each scheduled request had before this step
         for new in scheduler_output.scheduled_new_reqs:
+            computed[new.req_id] = int(new.num_computed_tokens)
             st = self._reqs.get(new.req_id)
             if st is not None:
                 st.block_ids = list(new.block_ids[0])
                 self._plan_store(meta, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
+            computed[req_id] = int(cached.num_computed_tokens[i])
             st = self._reqs.get(req_id)
             if st is None:
                 continue
@@ -258,9 +261,7 @@ class SchedulerSide:
             elif new_ids is not None:
                 st.block_ids.extend(new_ids[0])
             self._plan_store(meta, st, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
-        prefills = [
-            (n, self._computed_before(scheduler_output, r)) for r, n in scheduled.items() if n > 1
-        ]
+        prefills = [(n, computed.get(r, 0)) for r, n in scheduled.items() if n > 1]
         if len(prefills) == 1 and scheduler_output.total_num_scheduled_tokens - prefills[0][0] < 8:
             meta.prefill = prefills[0]
         for req_id in scheduler_output.preempted_req_ids or ():
@@ -268,17 +269,6 @@ class SchedulerSide:
             if st is not None:
                 st.block_ids = []
         return meta
-
-    @staticmethod
-    def _computed_before(scheduler_output, req_id: str) -> int:
-        for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id == req_id:
-                return int(new.num_computed_tokens)
-        cached = scheduler_output.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            if rid == req_id:
-                return int(cached.num_computed_tokens[i])
-        return 0
 
     def _plan_store(self, meta: KVTierMetadata, st: _Request, computed: int) -> None:
         if not self.config.store:

@@ -9,10 +9,8 @@ vLLM itself is never imported here.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kvtier.engines.vllm.processes import end_process_group
 from kvtier.errors import ConfigError, KvtierError
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
@@ -214,19 +213,7 @@ class VllmServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        # Whatever the server left behind in its group (the engine core) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            return None
+        return end_process_group(proc, grace_s, term=True)
 
     def __enter__(self) -> VllmServer:
         return self.start()

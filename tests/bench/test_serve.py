@@ -26,6 +26,7 @@ from kvtier.bench.serve_client import (
 from kvtier.bench.serve_config import (
     SYSTEMS,
     PrefixWorkload,
+    PreloadWorkload,
     RandomWorkload,
     ServeBenchConfig,
     SystemPaths,
@@ -33,6 +34,7 @@ from kvtier.bench.serve_config import (
     transfer_config,
 )
 from kvtier.bench.serve_metrics import CacheCounters, delta, parse_metrics
+from kvtier.bench.serve_preload import PreloadResult, PreloadRun
 from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
 from kvtier.bench.serve_results import (
     RunResult,
@@ -615,3 +617,45 @@ def test_sigterm_ends_the_run_through_its_cleanup():
         _run_stopping_on_sigterm(Bench())
     assert exc.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- the preloading check --------------------------------------------------------------------
+def _preload_result(on_waits, off_waits) -> PreloadResult:
+    result = PreloadResult(PreloadWorkload(tokens=2112, hits=2))
+    result.runs["preload"] = PreloadRun("preload", [0.5, 0.7], [3.0, 4.0], on_waits, 8192)
+    result.runs["on-demand"] = PreloadRun("on-demand", [1.5, 2.5], [3.0, 4.0], off_waits, 8192)
+    return result
+
+
+def test_preload_result_compares_the_waits_and_the_hit_ttfts():
+    result = _preload_result([0.02, 0.03], [0.25, 0.25])
+    assert result.wait_share() == pytest.approx(0.1)
+    assert result.ttft_p50_change() == pytest.approx(0.6 / 2.0)
+    r = _report()
+    r.preload = result
+    target = {t.name: t for t in r.targets()}[
+        "preloading: engine wait for KV after scheduling, preload / on demand"
+    ]
+    assert target.passed and "hit TTFT p50 600 vs 2000 ms" in target.detail
+    r.preload = _preload_result([0.1], [0.25])
+    assert [t.passed for t in r.targets()][-1] is False
+    console = Console(record=True, width=220)
+    console.print(serve_table(r))
+    assert "preloading: 2 prompts of 2112 tokens" in console.export_text()
+    assert json.loads(serve_json(r))["preload"]["wait_share"] == pytest.approx(0.4)
+
+
+def test_preload_check_not_measured_when_a_side_failed_or_loaded_nothing():
+    result = _preload_result([], [0.25])
+    assert result.wait_share() is None  # nothing loaded with preloading: no claim
+    failed = PreloadResult(PreloadWorkload(), error="vLLM did not start")
+    r = _report()
+    r.preload = failed
+    target = r.targets()[-1]
+    assert target.passed is None and "vLLM did not start" in target.detail
+
+
+def test_preload_workload_pool_holds_two_requests_and_bad_shapes_are_refused():
+    assert PreloadWorkload(tokens=2112).pool_blocks == 2 * 17
+    with pytest.raises(ConfigError, match="preload check"):
+        ServeBenchConfig(preload=PreloadWorkload(tokens=100))

@@ -30,6 +30,7 @@ from kvtier.bench.env import BenchEnvironment
 from kvtier.bench.serve_client import ClientError, ClientRun, ClientWorker
 from kvtier.bench.serve_config import ServeBenchConfig, SystemPaths, tier_sizes, transfer_config
 from kvtier.bench.serve_metrics import CacheCounters, delta, scrape
+from kvtier.bench.serve_preload import PreloadCheck
 from kvtier.bench.serve_results import (
     RunResult,
     ServeReport,
@@ -107,7 +108,8 @@ class ServeBench:
         c = self.config
         per_system = 1 + len(c.concurrency)
         rounds = c.random.repeats * len(c.random_systems()) if c.random else 0
-        return per_system * len(c.systems) + rounds
+        preload = 3 if c.preload is not None else 0
+        return per_system * len(c.systems) + rounds + preload
 
     def paths(self, system: str) -> SystemPaths:
         return SystemPaths(
@@ -164,6 +166,12 @@ class ServeBench:
                 elif set(held) == set(c.random_systems()):
                     self._random_alternating(client, held, report)
             self._random_alone(client, held, report)
+        if c.preload is not None:
+            check = PreloadCheck(
+                c.preload, self.run_dir, c.shm_dir, post_completion, self.on_step,
+                c.startup_timeout_s,
+            )  # fmt: skip
+            report.preload = check.run(folder, vocab)
         report.environment["load_average_end"] = _loadavg()
         report.seconds = time.perf_counter() - began
         return report

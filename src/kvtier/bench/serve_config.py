@@ -27,6 +27,8 @@ DEFAULT_DIR = Path(".kvtier") / "bench-serve"
 TTFT_SPEEDUP_TARGET = 3.0
 THROUGHPUT_TOLERANCE = 0.03
 DISK_VS_EXAMPLE_TARGET = 0.5
+#: The wait for KV with preloading, as a share of the wait when loading on demand.
+PRELOAD_WAIT_TARGET = 0.2
 #: The issue's workload shape for those thresholds.
 TARGET_PROMPTS_PER_PREFIX = 4
 TARGET_PREFIX_TOKENS = 4096
@@ -82,13 +84,30 @@ class RandomWorkload:
 
 
 @dataclass(frozen=True)
+class PreloadWorkload:
+    """The preloading check: ``hits`` prompts of ``tokens`` whose KV is on disk, queued among
+    as many cold ones."""
+
+    tokens: int = 2112
+    hits: int = 6
+    chunk_tokens: int = 256
+    seed: int = 0
+
+    @property
+    def pool_blocks(self) -> int:
+        """vLLM's KV pool: two requests (the rest wait in its queue)."""
+        return 2 * -(-(self.tokens + 1) // BLOCK_TOKENS)
+
+
+@dataclass(frozen=True)
 class ServeBenchConfig:
     """What ``kvtier bench serve`` runs.
 
     ``pool_blocks`` (None: half the blocks all prefixes fill, at least one request) is vLLM's
     KV pool for every system; ``max_model_len`` (None: the longest request, rounded up).
     ``dram_size``/``disk_size``: kvtier's tiers in bytes (None: sized from the workload).
-    ``random``: the no-reuse check (None: skipped). ``keep``: leave the tiers' data in place.
+    ``random``: the no-reuse check (None: skipped). ``preload``: the preloading check (None:
+    skipped). ``keep``: leave the tiers' data in place.
     ``quiet_load``: before each client run, wait (up to ``quiet_wait_s``) until the machine's
     1-minute load average is at most this (None: do not wait); other work on a shared CPU
     slows every system's prefill alike only when it lasts the whole run.
@@ -98,6 +117,7 @@ class ServeBenchConfig:
     concurrency: tuple[int, ...] = (1, 4)
     prefix: PrefixWorkload = field(default_factory=PrefixWorkload)
     random: RandomWorkload | None = field(default_factory=RandomWorkload)
+    preload: PreloadWorkload | None = None
     pool_blocks: int | None = None
     max_model_len: int | None = None
     chunk_tokens: int = 256
@@ -149,6 +169,12 @@ class ServeBenchConfig:
             ):
                 if value < 1:
                     raise ConfigError(f"{name} must be at least 1, got {value}")
+        w = self.preload
+        if w is not None and (w.tokens <= w.chunk_tokens or w.hits < 1):
+            raise ConfigError(
+                f"the preload check needs prompts longer than a chunk ({w.chunk_tokens} tokens) "
+                f"and at least one of them; got {w.hits} of {w.tokens}"
+            )
         if self.chunk_tokens < BLOCK_TOKENS or self.chunk_tokens % BLOCK_TOKENS:
             raise ConfigError(
                 f"--chunk-tokens must be a multiple of vLLM's {BLOCK_TOKENS}-token block"
@@ -318,11 +344,13 @@ def transfer_config(
 
 __all__ = [
     "DISK_VS_EXAMPLE_TARGET",
+    "PRELOAD_WAIT_TARGET",
     "REFERENCE",
     "SYSTEMS",
     "THROUGHPUT_TOLERANCE",
     "TTFT_SPEEDUP_TARGET",
     "PrefixWorkload",
+    "PreloadWorkload",
     "RandomWorkload",
     "ServeBenchConfig",
     "SystemPaths",

@@ -132,6 +132,34 @@ def random_table(report: ServeReport) -> Table | None:
     return table
 
 
+def preload_table(report: ServeReport) -> Table | None:
+    """The preloading check: each system's wait for KV and TTFT of the prompts from disk."""
+    result = report.preload
+    if result is None or not result.runs:
+        return None
+    w = result.workload
+    table = Table(
+        title=(
+            f"preloading: {w.hits} prompts of {w.tokens} tokens with their KV on disk, queued "
+            f"among {w.hits} cold ones (vLLM's pool holds two requests)"
+        ),
+        title_justify="left",
+    )
+    for name in ("system", "wait for KV", "loads", "loaded tok", "hit TTFT p50", "cold TTFT p50"):
+        table.add_column(name, justify="left" if name == "system" else "right")
+    for system, run in result.runs.items():
+        cold = sorted(run.cold_ttft_s)[len(run.cold_ttft_s) // 2] if run.cold_ttft_s else None
+        table.add_row(
+            system,
+            f"{run.wait_s:.3f} s",
+            str(len(run.load_waits_s)),
+            f"{run.loaded_tokens:,}",
+            _ms(run.hit_ttft_p50_s * 1e3 if run.hit_ttft_p50_s is not None else None),
+            _ms(cold * 1e3 if cold is not None else None),
+        )
+    return table
+
+
 def targets_table(report: ServeReport) -> Table:
     """The measured ratios next to the issue's thresholds."""
     gaps = report.config.shape_gaps()
@@ -152,6 +180,9 @@ def serve_table(report: ServeReport) -> Group:
     rand = random_table(report)
     if rand is not None:
         parts.append(rand)
+    pre = preload_table(report)
+    if pre is not None:
+        parts.append(pre)
     parts.append(targets_table(report))
     t = report.tiers
     lines = [

@@ -11,11 +11,12 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.bench.serve_client import ClientResult
 from kvtier.bench.serve_config import (
     DISK_VS_EXAMPLE_TARGET,
+    PRELOAD_WAIT_TARGET,
     REFERENCE,
     SYSTEMS,
     THROUGHPUT_TOLERANCE,
@@ -23,6 +24,9 @@ from kvtier.bench.serve_config import (
     ServeBenchConfig,
 )
 from kvtier.bench.serve_metrics import CacheCounters
+
+if TYPE_CHECKING:
+    from kvtier.bench.serve_preload import PreloadResult
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class ServeReport:
     environment: dict[str, Any] = field(default_factory=dict)
     tiers: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    preload: PreloadResult | None = None
 
     def prefix_run(self, system: str, concurrency: int) -> RunResult | None:
         for run in self.runs:
@@ -207,7 +212,30 @@ class ServeReport:
                     ),
                 )
             )
+        if self.preload is not None:
+            out.append(self._preload_target(self.preload))
         return out
+
+    @staticmethod
+    def _preload_target(result: PreloadResult) -> Target:
+        share = result.wait_share()
+        on, off = result.runs.get("preload"), result.runs.get("on-demand")
+        if on is None or off is None:
+            detail = f"not measured: {result.error}" if result.error else "not measured"
+        else:
+            change = result.ttft_p50_change()
+            detail = (
+                f"wait for KV {on.wait_s:.2f} s vs {off.wait_s:.2f} s on demand; hit TTFT p50 "
+                f"{(on.hit_ttft_p50_s or 0) * 1e3:.0f} vs {(off.hit_ttft_p50_s or 0) * 1e3:.0f} ms"
+                + (f" ({change:.2f}×)" if change is not None else "")
+            )
+        return Target(
+            "preloading: engine wait for KV after scheduling, preload / on demand",
+            share,
+            f"≤ {PRELOAD_WAIT_TARGET:g} (falls ≥ {1 - PRELOAD_WAIT_TARGET:.0%})",
+            None if share is None else share <= PRELOAD_WAIT_TARGET,
+            detail,
+        )
 
     def to_dict(self, detailed: bool = False) -> dict[str, Any]:
         """The whole report, JSON-ready (per-request TTFTs only when ``detailed``)."""
@@ -228,6 +256,7 @@ class ServeReport:
             "tiers": self.tiers,
             "environment": self.environment,
             "seconds": self.seconds,
+            "preload": self.preload.as_dict() if self.preload is not None else None,
             "config": self.config.as_dict(),
         }
 

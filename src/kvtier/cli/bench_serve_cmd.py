@@ -26,6 +26,7 @@ QUICK = {
     "random_prompts": 8,
     "random_concurrency": 4,
     "repeat": 1,
+    "preload_check": False,
 }
 TARGET = {
     **QUICK,
@@ -37,6 +38,7 @@ TARGET = {
     "random_input_len": 1024,
     "random_prompts": 16,
     "repeat": 3,
+    "preload_check": True,
 }
 
 
@@ -82,6 +84,14 @@ def serve(
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,
+    preload_check: Annotated[
+        bool | None,
+        typer.Option(
+            "--preload-check/--no-preload-check",
+            help="Run the preloading check (a queued workload from disk, preloading on and "
+            "off) [off; on with --target].",
+        ),
+    ] = None,
     random_input_len: Annotated[
         int | None, typer.Option(help="Tokens per random prompt [512].")
     ] = None,
@@ -143,7 +153,12 @@ def serve(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvtier.bench.serve import ServeBench
-    from kvtier.bench.serve_config import PrefixWorkload, RandomWorkload, ServeBenchConfig
+    from kvtier.bench.serve_config import (
+        PrefixWorkload,
+        PreloadWorkload,
+        RandomWorkload,
+        ServeBenchConfig,
+    )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file
@@ -161,6 +176,7 @@ def serve(
         "random_prompts": random_prompts,
         "random_concurrency": random_concurrency,
         "repeat": repeat,
+        "preload_check": preload_check,
     }
     v = {k: preset[k] if x is None else x for k, x in given.items()}
     config = ServeBenchConfig(
@@ -177,6 +193,11 @@ def serve(
             v["repeat"],
         )
         if random
+        else None,
+        preload=PreloadWorkload(
+            v["prefix_len"] + v["suffix_len"], chunk_tokens=chunk_tokens, seed=seed
+        )
+        if v["preload_check"]
         else None,
         pool_blocks=pool_blocks,
         max_model_len=max_model_len,

@@ -150,7 +150,6 @@ def serve(
 ) -> None:
     """Each system on its own vLLM server (same KV pool), measured by vLLM's `bench serve`."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvtier.bench.serve import ServeBench
     from kvtier.bench.serve_config import (
@@ -160,6 +159,7 @@ def serve(
         ServeBenchConfig,
     )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+    from kvtier.cli.console import step_progress, table_console
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file
 
@@ -215,14 +215,7 @@ def serve(
     elif plot is not None:
         usable_directory(plot, "--plot", keep=False)
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    with step_progress(err) as progress:
         bench = ServeBench(config)
         task = progress.add_task("bench serve", total=bench.steps())
         labels: list[str] = []
@@ -238,9 +231,7 @@ def serve(
     if json_out:
         typer.echo(serve_json(report))
     else:
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 180)
+        out = table_console(180)
         out.print(serve_table(report))
     if plot is not None:
         saved = serve_plot(report, plot)

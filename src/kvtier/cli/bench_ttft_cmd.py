@@ -78,7 +78,8 @@ def ttft(
     import json
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvtier.cli.console import step_progress, table_console
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvtier.bench.ttft import TTFTBench, TTFTBenchConfig, render
@@ -106,14 +107,7 @@ def ttft(
     for url, _ in config.tier_urls():
         check_tier_url(url)
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    with step_progress(err) as progress:
         bench = TTFTBench(config)
         task = progress.add_task("bench ttft", total=bench.steps())
         bench.on_step = lambda label: progress.update(task, advance=1, description=label)
@@ -121,9 +115,7 @@ def ttft(
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 160)
+        out = table_console()
         render(report, out)
     if strict and any(t.passed is False for t in report.targets()):
         raise typer.Exit(1)

@@ -70,8 +70,8 @@ def calibrate_command(
 ) -> None:
     """Measure prefill/decode of a real model, each tier's loads and the host→device copy."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kvtier.cli.console import step_progress
     from kvtier.cost.calibration import default_profile_path
     from kvtier.tiers.paths import usable_directory, writable_file
     from kvtier.tiers.registry import check_tier_url
@@ -127,14 +127,7 @@ def calibrate_command(
         for url in urls:
             opened = open_tier(url, ns.id)
             tiers.append((url, opened))
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as progress:
+        with step_progress(err) as progress:
             task = progress.add_task("calibrate", total=len(plan.lengths()) + 6 + len(tiers))
             seen: dict[str, int] = {}
 

@@ -230,8 +230,8 @@ def run_command(
     disk_size = disk_size or HF_DEFAULTS["disk_size"]
     max_new_tokens = HF_DEFAULTS["max_new_tokens"] if max_new_tokens is None else max_new_tokens
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kvtier.cli.console import step_progress, table_console
     from kvtier.run.job import RunConfig, run_job, total_steps
 
     spec = WorkloadSpec(
@@ -270,14 +270,7 @@ def run_command(
     )
     check_run(config, plot)  # before the model loads
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    with step_progress(err) as progress:
         task = progress.add_task("kvtier run", total=total_steps(spec))
 
         def step(label: str, done: int, total: int) -> None:
@@ -289,9 +282,7 @@ def run_command(
     else:
         from kvtier.run.report import render
 
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 160)
+        out = table_console()
         render(report, out)
     if plot is not None:
         from kvtier.run.plot import write_plots
@@ -376,20 +367,13 @@ def check_vllm_run(config: VllmRunConfig, plot: Path | None = None) -> None:
 
 def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kvtier.cli.console import step_progress, table_console
     from kvtier.run.vllm_job import run_vllm_job
     from kvtier.run.vllm_report import render
 
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    with step_progress(err) as progress:
         task = progress.add_task("kvtier run", total=None)
 
         def step(label: str, done: int, total: int) -> None:
@@ -399,9 +383,7 @@ def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
     if json_out:
         typer.echo(report.to_json())
     else:
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 160)
+        out = table_console()
         render(report, out)
     if plot is not None:
         from kvtier.run.vllm_plot import write_plots

@@ -1,0 +1,31 @@
+"""What every long command draws: a progress bar on stderr and a wide enough table on stdout."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def step_progress(console: Console, **options) -> Progress:
+    """A transient progress bar (label, bar, done/total, time elapsed) drawn on ``console``."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        **options,
+    )
+
+
+def table_console(width: int = 160) -> Console:
+    """The stdout console, at least ``width`` columns wide when stdout is not a terminal (a
+    table piped to a file keeps its rows on one line each)."""
+    out = Console()
+    if not out.is_terminal:
+        out.width = max(out.width, width)
+    return out
+
+
+__all__ = ["step_progress", "table_console"]

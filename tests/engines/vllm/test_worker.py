@@ -12,7 +12,7 @@ import torch
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
-from kvtier.engines.vllm.worker import WorkerSide
+from kvtier.engines.vllm.worker import SPLIT_CHUNKS, WorkerSide
 from kvtier.keys import Namespace
 
 GEOMETRY = EngineGeometry(
@@ -87,3 +87,23 @@ def test_the_forward_is_timed_without_the_synchronous_loads_before_it(worker):
     side.wait_for_save()
     (sample,) = side.take_stats().data["prefills"]
     assert sample[:2] == (64, 32) and 0.2 <= sample[2] < 1.0
+
+
+def test_a_long_synchronous_load_is_split_in_two_and_a_bad_chunk_fails_only_its_blocks(worker):
+    side, caches = worker
+    n = 2 * SPLIT_CHUNKS + 2  # every chunk holds blocks 0 and 1; loads reuse blocks 2..11
+    keys = [bytes([i]) * 16 for i in range(n)]
+    side.bind(KVTierMetadata(stores=[StoreJob("r1", tuple(keys), tuple((0, 1) for _ in keys))]))
+    side.wait_for_save()
+    side.unbind()
+    assert side.cache.flush(10)
+    chunks = [ChunkLoad(k, (2 + (i % 5) * 2, 3 + (i % 5) * 2)) for i, k in enumerate(keys)]
+    chunks[-2] = ChunkLoad(b"missing-chunk!!!", (40, 41))  # in the second half
+    job = LoadJob("r2", tuple(chunks), tuple([0] * n), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    side.unbind()
+    assert side.take_errors() == {40, 41, chunks[-1].block_ids[0], chunks[-1].block_ids[1]}
+    for layer in caches:
+        assert torch.equal(layer[2].view(torch.int16), layer[0].view(torch.int16))
+        assert torch.equal(layer[3].view(torch.int16), layer[1].view(torch.int16))

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -40,6 +41,8 @@ log = logging.getLogger("kvtier.vllm")
 
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
 _LAYER_INDEX = re.compile(r"(\d+)")
+#: A synchronous load of at least twice this many chunks is split in two halves run at once.
+SPLIT_CHUNKS = 4
 
 
 def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -78,6 +81,7 @@ class WorkerSide:
         self._staging = BufferPool(keep=max(64, 2 * self._warm))
         self._meta = BlockMeta(dtype=_DTYPE_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
+        self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-sync-load")
         self._loading: dict[str, Future] = {}
         self._errors: set[int] = set()
         self._lock = threading.Lock()
@@ -124,13 +128,28 @@ class WorkerSide:
         for job in meta.loads:
             if job.sync:  # before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
-                self._errors.update(self._load(job))
+                self._errors.update(self._load_now(job))
                 took = time.perf_counter() - began
                 self._sync_s += took
                 with self._lock:
                     self._learned["synced"].append((job.req_id, took))
             else:
                 self._loading[job.req_id] = self._pool.submit(self._load, job)
+
+    def _load_now(self, job: LoadJob) -> list[int]:
+        """A synchronous load: the engine waits for it, so both halves of a long one are read
+        and scattered at once (this thread and one helper: reads and copies release the GIL)."""
+        half = len(job.chunks) // 2
+        if half < SPLIT_CHUNKS:
+            return self._load(job)
+        first, rest = job.tiers[:half], job.tiers[half:]
+        if len(job.tiers) != len(job.chunks):
+            first = rest = job.tiers
+        second = self._sync_pool.submit(
+            self._load, replace(job, chunks=job.chunks[half:], tiers=rest)
+        )
+        failed = self._load(replace(job, chunks=job.chunks[:half], tiers=first))
+        return failed + second.result()
 
     def _load(self, job: LoadJob) -> list[int]:
         """Read and scatter one request's chunks; the block ids that failed."""
@@ -241,6 +260,7 @@ class WorkerSide:
     def close(self) -> None:
         """Finish loads and queued stores, close the tiers."""
         self._pool.shutdown(wait=True)
+        self._sync_pool.shutdown(wait=True)
         self.cache.close()
         for tier in self.cache.tiers:
             tier.close()

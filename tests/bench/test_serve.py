@@ -659,3 +659,11 @@ def test_preload_workload_pool_holds_two_requests_and_bad_shapes_are_refused():
     assert PreloadWorkload(tokens=2112).pool_blocks == 2 * 17
     with pytest.raises(ConfigError, match="preload check"):
         ServeBenchConfig(preload=PreloadWorkload(tokens=100))
+
+
+def test_every_server_gets_the_same_engine_arguments():
+    assert ServeBenchConfig(seed=3).engine_args() == ("--enable-prefix-caching", "--seed", "3")
+    wide = ServeBenchConfig(max_batched_tokens=4608).engine_args()
+    assert wide[-2:] == ("--max-num-batched-tokens", "4608")
+    with pytest.raises(ConfigError, match="--max-num-batched-tokens"):
+        ServeBenchConfig(max_batched_tokens=64)

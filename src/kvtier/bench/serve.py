@@ -199,7 +199,7 @@ class ServeBench:
             pool_blocks=c.pool(),
             kv_transfer_config=kv,
             request_details=False,
-            extra_args=("--enable-prefix-caching", "--seed", str(c.seed)),
+            extra_args=c.engine_args(),
             startup_timeout_s=c.startup_timeout_s,
         )
         server = VllmServer(config, log)

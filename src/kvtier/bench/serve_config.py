@@ -105,6 +105,8 @@ class ServeBenchConfig:
 
     ``pool_blocks`` (None: half the blocks all prefixes fill, at least one request) is vLLM's
     KV pool for every system; ``max_model_len`` (None: the longest request, rounded up).
+    ``max_batched_tokens``: vLLM's ``--max-num-batched-tokens``, every system (None: vLLM's
+    default; vLLM's ExampleConnector needs a whole prompt in one step).
     ``dram_size``/``disk_size``: kvtier's tiers in bytes (None: sized from the workload).
     ``random``: the no-reuse check (None: skipped). ``preload``: the preloading check (None:
     skipped). ``keep``: leave the tiers' data in place.
@@ -120,6 +122,7 @@ class ServeBenchConfig:
     preload: PreloadWorkload | None = None
     pool_blocks: int | None = None
     max_model_len: int | None = None
+    max_batched_tokens: int | None = None
     chunk_tokens: int = 256
     dram_size: int | None = None
     disk_size: int | None = None
@@ -185,6 +188,11 @@ class ServeBenchConfig:
                 f"--max-model-len {self.max_model_len} is shorter than the longest request "
                 f"({longest} tokens with its answer)"
             )
+        if self.max_batched_tokens is not None and self.max_batched_tokens < BLOCK_TOKENS:
+            raise ConfigError(
+                f"--max-num-batched-tokens must be at least {BLOCK_TOKENS}, "
+                f"got {self.max_batched_tokens}"
+            )
         least = min_pool_blocks(self.model_len())
         if self.pool_blocks is not None and self.pool_blocks < least:
             raise ConfigError(
@@ -215,6 +223,13 @@ class ServeBenchConfig:
         if self.pool_blocks is not None:
             return self.pool_blocks
         return max(min_pool_blocks(self.model_len()), self.prefix.prefix_blocks // 2)
+
+    def engine_args(self) -> tuple[str, ...]:
+        """Arguments every system's server gets (prefix caching on, the seed, the step size)."""
+        args = ("--enable-prefix-caching", "--seed", str(self.seed))
+        if self.max_batched_tokens is not None:
+            args += ("--max-num-batched-tokens", str(self.max_batched_tokens))
+        return args
 
     def ordered_systems(self) -> list[str]:
         return [s for s in SYSTEMS if s in self.systems]

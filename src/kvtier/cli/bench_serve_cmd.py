@@ -110,6 +110,14 @@ def serve(
             help="Random rounds per system [1]; ≥ 3 keeps vLLM and kvtier up and alternates."
         ),
     ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="vLLM's --max-num-batched-tokens, every system [vLLM's default]; vLLM's "
+            "ExampleConnector needs a whole prompt in one step.",
+            show_default=False,
+        ),
+    ] = None,
     pool_blocks: Annotated[
         int | None,
         typer.Option(
@@ -201,6 +209,7 @@ def serve(
         else None,
         pool_blocks=pool_blocks,
         max_model_len=max_model_len,
+        max_batched_tokens=max_num_batched_tokens,
         chunk_tokens=chunk_tokens,
         dram_size=parse_size(dram_size) if dram_size else None,
         disk_size=parse_size(disk_size) if disk_size else None,

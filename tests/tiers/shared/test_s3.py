@@ -55,7 +55,7 @@ class TestS3Tier(TierConformance):
 
 
 def test_url_and_object_names(s3_env):
-    tier = open_tier(_url(s3_env, path="fleet/a", name="shared"), NS_A)
+    tier = open_tier(_url(s3_env, path="fleet/a", name="shared", timeout=1), NS_A)
     assert isinstance(tier, S3Tier) and tier.name == "shared"
     assert tier.capabilities.shared and not tier.capabilities.evicts
     key = make_key(1)
@@ -113,7 +113,7 @@ def test_closed_port_is_a_clear_error_at_open(credentials, s3_server, monkeypatc
 
 
 def test_ttl_makes_old_objects_misses(s3_env):
-    tier = open_tier(_url(s3_env, path="ttl", ttl=1), NS_A)
+    tier = open_tier(_url(s3_env, path="ttl", ttl=1, timeout=1), NS_A)
     key = make_key(1)
     assert tier.put(key, make_payload(key, 0, 100))
     assert tier.contains(key)

@@ -71,25 +71,44 @@ def s3_env(s3_server, monkeypatch) -> Service:
     return s3_server
 
 
-@pytest.fixture
-def spawn_server(tmp_path) -> Iterator[Callable[..., Service]]:
-    """``spawn_server("redis" | "s3", **kwargs)``: a server of the test's own, stopped after it."""
-    started: list[Service] = []
-    starters = {"redis": services.start_redis, "s3": services.start_s3}
+class ServerPool:
+    """Servers a test owns: ``pool("redis" | "s3", **kwargs)`` starts one, ``pool.restart(s)``
+    starts it again on its ports; all are stopped by PID when the test ends."""
 
-    def spawn(kind: str, **kwargs) -> Service:
-        service = start_or_fail(starters[kind], tmp_path / f"{kind}-{len(started)}", **kwargs)
-        started.append(service)
+    def __init__(self, root: Path):
+        self.root = root
+        self.started: list[Service] = []
+
+    def __call__(self, kind: str, **kwargs) -> Service:
+        starters = {"redis": services.start_redis, "s3": services.start_s3}
+        root = self.root / f"{kind}-{len(self.started)}"
+        service = start_or_fail(starters[kind], root, **kwargs)
+        self.started.append(service)
         return service
 
-    try:
-        yield spawn
-    finally:
-        for service in started:
+    def restart(self, service: Service) -> Service:
+        """``service`` started again (see :func:`kvtier.testing.services.restart`)."""
+        again = start_or_fail(lambda _root: services.restart(service), service.root)
+        self.started.append(again)
+        return again
+
+    def stop_all(self) -> None:
+        for service in self.started:
             service.stop()
 
 
+@pytest.fixture
+def spawn_server(tmp_path) -> Iterator[ServerPool]:
+    """A :class:`ServerPool`: servers of the test's own (to kill, pause or fill)."""
+    pool = ServerPool(tmp_path)
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
 __all__ = [
+    "ServerPool",
     "redis_cluster",
     "redis_server",
     "s3_env",

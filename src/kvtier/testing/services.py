@@ -52,6 +52,7 @@ class Service:
     log: Path
     root: Path
     env: dict[str, str] = field(default_factory=dict)  # what a client needs (S3 credentials)
+    started_with: dict = field(default_factory=dict)  # the start function's keyword arguments
 
     @property
     def port(self) -> int:
@@ -244,15 +245,16 @@ def start_redis(
     policy: str = "noeviction",
     password: str | None = None,
     binary: str | None = None,
+    port: int | None = None,
 ) -> Service:
     """One Redis/Valkey server on a free port of 127.0.0.1, persistence off; its data in ``root``.
 
     ``maxmemory`` (e.g. ``"4mb"``) with ``policy`` bounds what it holds; ``password`` sets
-    ``requirepass``.
+    ``requirepass``; ``port`` starts it again where a stopped one answered.
     """
     binary = binary or redis_binary()
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     extra: dict[str, str] = {}
     if maxmemory:
         extra |= {"maxmemory": maxmemory, "maxmemory-policy": policy}
@@ -262,7 +264,9 @@ def start_redis(
     log.touch()
     proc = _launch([binary, *_redis_args(port, root, extra)], root / f"stdout-{port}.log", root)
     auth = f":{password}@" if password else ""
-    service = Service("redis", f"redis://{auth}{LOOPBACK}:{port}/0", (port,), [proc], log, root)
+    url = f"redis://{auth}{LOOPBACK}:{port}/0"
+    args = {"maxmemory": maxmemory, "policy": policy, "password": password, "binary": binary}
+    service = Service("redis", url, (port,), [proc], log, root, started_with=args)
     _wait(service, lambda: redis_ping(port), f"redis server {binary} on port {port}")
     return service
 
@@ -357,12 +361,15 @@ def _http_ok(port: int) -> bool:
     return reply.startswith(b"HTTP/1.")
 
 
-def start_s3(root: Path, *, binary: str | None = None) -> Service:
+def start_s3(
+    root: Path, *, binary: str | None = None, ports: tuple[int, ...] | None = None
+) -> Service:
     """SeaweedFS (``weed mini``: master, volume, filer and S3 in one process) on 127.0.0.1.
 
     Every port is a free one, telemetry is off, and an identities file makes the server check
     the credentials in :attr:`Service.env` (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``).
-    The URL is ``s3://`` with the ``endpoint=`` option; tests add the bucket.
+    The URL is ``s3://`` with the ``endpoint=`` option; tests add the bucket. ``ports`` (the
+    ``ports`` of a stopped one, with its ``root``) starts it again with the same data.
     """
     binary = binary or weed_binary()
     root.mkdir(parents=True, exist_ok=True)
@@ -370,7 +377,7 @@ def start_s3(root: Path, *, binary: str | None = None) -> Service:
     data.mkdir(exist_ok=True)
     config = root / "s3.json"
     config.write_text(json.dumps(s3_identities()))
-    s3, master, volume, filer, admin, debug = _free_ports(6, spacing=10000)
+    s3, master, volume, filer, admin, debug = ports or _free_ports(6, spacing=10000)
     cmd = [
         binary,
         "mini",
@@ -398,10 +405,25 @@ def start_s3(root: Path, *, binary: str | None = None) -> Service:
         "AWS_REGION": "us-east-1",
     }
     endpoint = f"http://{LOOPBACK}:{s3}"
-    service = Service("s3", f"s3://?endpoint={endpoint}", (s3,), [proc], log, root, env)
+    all_ports = (s3, master, volume, filer, admin, debug)
+    url = f"s3://?endpoint={endpoint}"
+    service = Service("s3", url, all_ports, [proc], log, root, env, {"binary": binary})
     service.endpoint = endpoint  # type: ignore[attr-defined]
     _wait(service, lambda: _http_ok(s3), f"weed mini S3 on port {s3}", timeout_s=60)
     return service
+
+
+def restart(service: Service) -> Service:
+    """Start a stopped (or killed) server again on its port(s), with its directory and options.
+
+    A Redis server comes back empty (it keeps nothing on disk); SeaweedFS keeps its objects.
+    """
+    service.stop()
+    if service.kind == "redis":
+        return start_redis(service.root, port=service.port, **service.started_with)
+    if service.kind == "s3":
+        return start_s3(service.root, ports=service.ports, **service.started_with)
+    raise ServiceError(f"cannot restart a {service.kind} service")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ class TestS3Tier(TierConformance):
         return open_tier(_url(self.server, prefix=prefix, timeout=1), namespace)
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
-        store, path = tier._store, tier.path_of(key)
+        store, path = tier.store, tier.path_of(key)
         value = bytearray(obstore.get(store, path).bytes().to_bytes())
         if how == "payload":
             value[-1] ^= 0x01

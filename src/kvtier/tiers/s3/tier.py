@@ -158,6 +158,11 @@ class S3Tier(SharedTier):
                 f"{self.name}: {len(coros)} S3 requests took over {deadline:.3f} s"
             ) from None
 
+    @property
+    def store(self) -> S3Store:
+        """The obstore store of the bucket (object paths: :meth:`path_of`)."""
+        return self._store
+
     def path_of(self, key: bytes) -> str:
         """The object path (within the bucket) of a block."""
         return f"{self.root}/{key.hex()}"

@@ -68,3 +68,36 @@ class TestMemoryOverS3(CacheConformance):
     @pytest.fixture
     def slow_tier(self, s3_tier):
         return s3_tier
+
+
+def test_dram_and_disk_in_front_of_redis_fall_through_to_the_next_copy(
+    memory_tier, disk_tier, redis_tier
+):
+    """A chunk evicted from host memory and corrupted on disk is served by the shared tier."""
+    import numpy as np
+
+    from kvtier.cache import CacheConfig, TieredCache
+    from kvtier.testing.cache_conformance import CHUNK_TOKENS, META, chunk_keys, kv_chunk
+
+    memory, disk, shared = memory_tier(2, "dram"), disk_tier(64, "disk"), redis_tier(64)
+    cache = TieredCache([memory, disk, shared], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    try:
+        keys = chunk_keys(4)
+        cache.store(keys, [kv_chunk(k) for k in keys], META)
+        assert cache.flush(timeout=30)
+        assert memory.contains_many(keys[:2]) == [False, False]  # evicted: room for 2 only
+        victim = keys[0]
+        path = next(p for p in disk.directory.rglob("*") if p.is_file() and victim.hex() in p.name)
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        found = cache.lookup(keys)
+        assert found.tier_names[:2] == ["disk", "disk"]
+        outs = [np.zeros_like(kv_chunk(k)) for k in keys]
+        result = cache.load(keys, outs, found)
+        assert result.loaded == 4 and result.corrupt == 1
+        assert result.tiers[0] == 2  # the corrupt disk copy was replaced by the shared one
+        for key, out in zip(keys, outs, strict=True):
+            assert np.array_equal(out, kv_chunk(key))
+    finally:
+        cache.close()

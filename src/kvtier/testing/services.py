@@ -211,12 +211,40 @@ def _wait(service: Service, ready, what: str, timeout_s: float = _START_TIMEOUT_
     raise ServiceError(f"{what} {how}{f'; last error: {last}' if last else ''}\n{tail}")
 
 
-def redis_ping(port: int, timeout_s: float = 0.5) -> bool:
-    """Whether a Redis-protocol server on 127.0.0.1:``port`` answers PING (plain socket)."""
-    with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as s:
+def redis_ping(port: int, timeout_s: float = 0.5, ca: Path | None = None) -> bool:
+    """Whether a Redis-protocol server on 127.0.0.1:``port`` answers PING (TLS with ``ca``)."""
+    with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as raw:
+        s = raw
+        if ca is not None:
+            import ssl
+
+            s = ssl.create_default_context(cafile=str(ca)).wrap_socket(
+                raw, server_hostname=LOOPBACK
+            )
         s.sendall(b"PING\r\n")
         reply = s.recv(64)
     return reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
+
+
+def self_signed_certificate(root: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (``openssl req``; the certificate is its own CA)."""
+    cert, key = root / "tls-cert.pem", root / "tls-key.pem"
+    openssl = find_binary("openssl")
+    if openssl is None:
+        raise ServiceError("no openssl for a test certificate: run `bash scripts/system-deps.sh`")
+    args = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", str(key)]
+    args += ["-out", str(cert), "-subj", f"/CN={LOOPBACK}"]
+    args += ["-addext", f"subjectAltName=IP:{LOOPBACK}"]
+    done = subprocess.run(
+        [openssl, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ServiceError(f"openssl could not make a test certificate:\n{done.stderr[-2000:]}")
+    return cert, key
 
 
 def _redis_args(port: int, root: Path, extra: dict[str, str]) -> list[str]:
@@ -246,11 +274,13 @@ def start_redis(
     password: str | None = None,
     binary: str | None = None,
     port: int | None = None,
+    tls: bool = False,
 ) -> Service:
     """One Redis/Valkey server on a free port of 127.0.0.1, persistence off; its data in ``root``.
 
     ``maxmemory`` (e.g. ``"4mb"``) with ``policy`` bounds what it holds; ``password`` sets
-    ``requirepass``; ``port`` starts it again where a stopped one answered.
+    ``requirepass``; ``port`` starts it again where a stopped one answered; ``tls`` serves TLS
+    only, with a self-signed certificate (the URL is ``rediss://…?ca=<certificate>``).
     """
     binary = binary or redis_binary()
     root.mkdir(parents=True, exist_ok=True)
@@ -260,14 +290,35 @@ def start_redis(
         extra |= {"maxmemory": maxmemory, "maxmemory-policy": policy}
     if password:
         extra["requirepass"] = password
+    ca: Path | None = None
+    if tls:
+        ca, key = self_signed_certificate(root)
+        extra |= {
+            "port": "0",
+            "tls-port": str(port),
+            "tls-cert-file": str(ca),
+            "tls-key-file": str(key),
+            "tls-ca-cert-file": str(ca),
+            "tls-auth-clients": "no",
+        }
     log = root / f"redis-{port}.log"
     log.touch()
     proc = _launch([binary, *_redis_args(port, root, extra)], root / f"stdout-{port}.log", root)
     auth = f":{password}@" if password else ""
-    url = f"redis://{auth}{LOOPBACK}:{port}/0"
-    args = {"maxmemory": maxmemory, "policy": policy, "password": password, "binary": binary}
+    url = (
+        f"rediss://{auth}{LOOPBACK}:{port}/0?ca={ca}"
+        if tls
+        else f"redis://{auth}{LOOPBACK}:{port}/0"
+    )
+    args = {
+        "maxmemory": maxmemory,
+        "policy": policy,
+        "password": password,
+        "binary": binary,
+        "tls": tls,
+    }
     service = Service("redis", url, (port,), [proc], log, root, started_with=args)
-    _wait(service, lambda: redis_ping(port), f"redis server {binary} on port {port}")
+    _wait(service, lambda: redis_ping(port, ca=ca), f"redis server {binary} on port {port}")
     return service
 
 

@@ -193,3 +193,22 @@ def test_wrong_password_is_a_clear_error_never_logged(spawn_server, caplog):
     assert "wrong-pass" not in str(info.value) and "s3cret" not in str(info.value)
     open_tier(bad + "?optional=1", NS_A)
     assert "wrong-pass" not in caplog.text and "refused the credentials" in caplog.text
+
+
+def test_rediss_speaks_tls_and_checks_the_certificate(spawn_server):
+    server = spawn_server("redis", tls=True)
+    assert server.url.startswith("rediss://127.0.0.1:") and "?ca=" in server.url
+    tier = open_tier(f"{server.url}&timeout=2", NS_A)
+    key = make_key(1)
+    assert tier.put(key, make_payload(key, 5, 5000))
+    out = np.zeros(5000, np.uint8)
+    assert tier.get_into(key, out) is not None and check_payload(out, 5000, key) == 5
+    tier.close()
+    plain = server.url.split("?")[0]
+    with pytest.raises(TierUnavailableError, match="does not answer"):
+        open_tier(f"{plain}?timeout=2", NS_A)  # its certificate is signed by no CA we trust
+    with pytest.raises(TierUnavailableError, match="does not answer"):
+        open_tier(plain.replace("rediss://", "redis://") + "?timeout=0.5", NS_A)  # no TLS
+    unchecked = open_tier(f"{plain}?timeout=2&verify=0", NS_A)
+    assert unchecked.contains(key)
+    unchecked.close()

@@ -90,13 +90,15 @@ def test_workload_survives_a_dead_or_hung_server(spawn_server, monkeypatch, kind
             _, seconds = _request(cache, n % 6)
             times.append(seconds)
         metrics = cache.metrics.as_dict()["tiers"]["shared"]
-        assert metrics["tier_errors"] >= 1 and metrics["tier_outages"] == 1
+        assert metrics["tier_outages"] == 1 and metrics["tier_errors"] >= 1
         assert not cache.tier_up(1)
+        assert metrics["tier_down"] == 1.0
         assert "kvtier_cache_tier_down" in cache.metrics.prometheus_text()
-        assert cache.metrics.as_dict()["tiers"]["shared"]["tier_down"] == 1.0
-        slow = [t for t in times if t > 0.08]
-        assert len(slow) <= 4, f"the timeout was paid on {len(slow)} of {len(times)} requests"
-        assert max(times) < 3.0
+        # 29 requests of a lookup, a load and a store each: without the breaker every one would
+        # have paid the timeout; with it, only the probes after each back-off did
+        assert metrics["tier_errors"] <= 6, metrics
+        assert max(times) < 5.0  # never a hang
+        assert metrics["dropped_writes"] > 0  # writes for the shared tier dropped, not queued
 
         if sig == "kill":
             server = spawn_server.restart(server)  # on the same port(s); Redis comes back empty

@@ -53,6 +53,7 @@ class Service:
     root: Path
     env: dict[str, str] = field(default_factory=dict)  # what a client needs (S3 credentials)
     started_with: dict = field(default_factory=dict)  # the start function's keyword arguments
+    endpoint: str = ""  # an S3 server's http://127.0.0.1:PORT
 
     @property
     def port(self) -> int:
@@ -458,8 +459,7 @@ def start_s3(
     endpoint = f"http://{LOOPBACK}:{s3}"
     all_ports = (s3, master, volume, filer, admin, debug)
     url = f"s3://?endpoint={endpoint}"
-    service = Service("s3", url, all_ports, [proc], log, root, env, {"binary": binary})
-    service.endpoint = endpoint  # type: ignore[attr-defined]
+    service = Service("s3", url, all_ports, [proc], log, root, env, {"binary": binary}, endpoint)
     _wait(service, lambda: _http_ok(s3), f"weed mini S3 on port {s3}", timeout_s=60)
     return service
 
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     pids.write_text(" ".join(str(p) for p in redis.pids + s3.pids))
     print(f"KVTIER_REDIS_URL={redis.url}")
-    print(f"KVTIER_S3_ENDPOINT={s3.endpoint}")  # type: ignore[attr-defined]
+    print(f"KVTIER_S3_ENDPOINT={s3.endpoint}")
     for k, v in s3.env.items():
         print(f"{k}={v}")
     return 0

@@ -29,7 +29,7 @@ def _shared_factory(url_of, tmp_path):
 def redis_tier(redis_server, tmp_path):
     """Factory of Redis tiers, each under a key prefix of its own on the session's server."""
     make, opened = _shared_factory(
-        lambda prefix, name: f"{redis_server.url}?prefix={prefix}&name={name}", tmp_path
+        lambda prefix, name: f"{redis_server.url}?prefix={prefix}&name={name}&timeout=1", tmp_path
     )
     yield make
     for tier in opened:

@@ -47,7 +47,8 @@ class RedisConformance(TierConformance):
         self.server = request.getfixturevalue(self.server_fixture)
 
     def make_tier(self, root, namespace, capacity, eviction="lru"):
-        return open_tier(_url(self.server.url, prefix=_prefix(root), **self.extra), namespace)
+        url = _url(self.server.url, prefix=_prefix(root), timeout=1, **self.extra)
+        return open_tier(url, namespace)
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
         client = tier.client

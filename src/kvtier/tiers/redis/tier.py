@@ -216,11 +216,11 @@ class RedisTier(SharedTier):
         px = int(o.ttl * 1000) or None
         pipe = self._pipe()
         replies: list = [None] * len(run)
-        split: list[tuple[int, memoryview]] = []
+        split: list[tuple[int, bytes]] = []
         single: list[int] = []
         for i, (key, payload, meta) in enumerate(run):
             data = encode(self.namespace, key, payload, meta)
-            if data.nbytes > o.max_value:
+            if len(data) > o.max_value:
                 split.append((i, data))
             else:
                 pipe.set(self.name_of(key), data, px=px)
@@ -230,7 +230,7 @@ class RedisTier(SharedTier):
                 replies[i] = [reply]
         for i, data in split:
             tx = self.client.pipeline(transaction=True)
-            for p in range(self._parts(data.nbytes)):
+            for p in range(self._parts(len(data))):
                 tx.set(
                     self.name_of(run[i][0], p), data[p * o.max_value : (p + 1) * o.max_value], px=px
                 )

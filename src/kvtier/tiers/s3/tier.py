@@ -189,7 +189,7 @@ class S3Tier(SharedTier):
             return None
         return await result.bytes_async()
 
-    async def _put(self, key: bytes, data: memoryview) -> None:
+    async def _put(self, key: bytes, data: bytes) -> None:
         await obstore.put_async(self._store, self.path_of(key), data)
 
     async def _delete(self, key: bytes) -> None:
@@ -215,9 +215,9 @@ class S3Tier(SharedTier):
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         encoded = [(k, encode(self.namespace, k, p, m)) for k, p, m in items]
-        nbytes = sum(d.nbytes for _, d in encoded)
+        nbytes = sum(len(d) for _, d in encoded)
         for _, data in encoded:
-            self._largest = max(self._largest, data.nbytes)
+            self._largest = max(self._largest, len(data))
         self._run([self._put(k, d) for k, d in encoded], nbytes)
         return [True] * len(encoded)
 

@@ -4,6 +4,14 @@ import os
 
 import pytest
 
+from kvtier.testing.service_fixtures import (  # noqa: F401 - fixtures
+    redis_cluster,
+    redis_server,
+    s3_env,
+    s3_server,
+    spawn_server,
+)
+
 
 @pytest.fixture(scope="session")
 def embedded_fp32_tok():

@@ -39,3 +39,10 @@ class TierPathError(ConfigError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.path, self.reason))
+
+
+class TierUnavailableError(KvtierError):
+    """A tier's server cannot be used at open: not answering, wrong credentials, no such bucket.
+
+    The message names the tier (never its credentials) and what to do.
+    """

@@ -15,7 +15,9 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.options import PerBlockOptions, SlabOptions
 from kvtier.tiers.memory.options import MemoryOptions
+from kvtier.tiers.redis.options import RedisOptions
 from kvtier.tiers.registry import REGISTRY, options_class, tier_class
+from kvtier.tiers.s3.options import S3Options
 
 
 def _python(code: str, path: Path | None = None) -> dict:
@@ -44,7 +46,9 @@ def test_options_class_of_builtins():
     assert options_class("memory") is MemoryOptions
     assert options_class("file") is PerBlockOptions
     assert options_class("slab") is SlabOptions
-    assert options_class("redis") is None and options_class("s3") is None
+    assert options_class("redis") is RedisOptions is options_class("rediss")
+    assert options_class("valkey") is RedisOptions
+    assert options_class("s3") is S3Options
     with pytest.raises(ConfigError, match="no tier for scheme 'nosuch'; known: file, memory"):
         options_class("nosuch")
 
@@ -54,14 +58,19 @@ def test_options_classes_load_without_their_tiers():
         """
         import json, sys
         from kvtier.tiers.registry import options_class
-        classes = [options_class(s).__name__ for s in ("memory", "file", "slab")]
+        classes = [options_class(s).__name__ for s in ("memory", "file", "slab", "redis", "s3")]
         tiers = [m for m in ("kvtier.tiers.memory.tier", "kvtier.tiers.files.per_block",
-                             "kvtier.tiers.files.slab", "kvtier.tiers.io.backends")
+                             "kvtier.tiers.files.slab", "kvtier.tiers.io.backends",
+                             "kvtier.tiers.redis.tier", "kvtier.tiers.s3.tier", "redis",
+                             "obstore")
                  if m in sys.modules]
         print(json.dumps({"classes": classes, "tiers": tiers}))
         """
     )
-    assert got == {"classes": ["MemoryOptions", "PerBlockOptions", "SlabOptions"], "tiers": []}
+    assert got == {
+        "classes": ["MemoryOptions", "PerBlockOptions", "SlabOptions", "RedisOptions", "S3Options"],
+        "tiers": [],
+    }
 
 
 def _distribution(site: Path) -> None:

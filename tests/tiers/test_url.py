@@ -331,8 +331,9 @@ def test_replace_options_validates_the_result():
         replace_options("file:///d?size=1GiB", colour="red")
     with pytest.raises(ConfigError, match="unknown slab:// tier option"):
         replace_options("slab:///d?size=1GiB&colour=red", depth=2)
-    with pytest.raises(ConfigError, match="no typed options"):
+    with pytest.raises(ConfigError, match="unknown redis:// tier option"):
         replace_options("redis://host:6379/0?size=1GiB", size=2 * GiB)
+    assert replace_options("redis://host:6379/0", ttl=60) == "redis://host:6379/0?ttl=60.0"
 
 
 # --- defaults equal the tiers' -----------------------------------------------------------------

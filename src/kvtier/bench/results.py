@@ -21,6 +21,10 @@ TARGETS = {
     ("slab", "read"): 0.9,
     ("slab", "write"): 0.8,
     ("memory", "read"): 0.8,
+    ("redis", "read"): 0.8,
+    ("redis", "write"): 0.8,
+    ("s3", "read"): 0.8,
+    ("s3", "write"): 0.8,
 }
 
 
@@ -33,7 +37,7 @@ def target_for(scheme: str, op: str, block_bytes: int) -> float | None:
 
 @dataclass(frozen=True)
 class Reference:
-    """The reference pass a kvtier pass is compared with: ``fio`` or ``copy``."""
+    """The reference pass a kvtier pass is compared with: ``fio``, ``copy`` or ``client``."""
 
     kind: str
     result: PassResult

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from kvtier.bench.clients import ClientReference, client_reference
 from kvtier.bench.driver import PassPlan, run_pass
 from kvtier.bench.env import BenchEnvironment, drop_caches
 from kvtier.bench.fio import FioError, FioJob, fio_binary, fio_version, run_fio
@@ -216,7 +217,7 @@ class _TierRun:
     native: bool
     profile: IOProfile | None
     pool: list[np.ndarray] = field(default_factory=list)
-    copy_ref: CopyReference | None = None
+    copy_ref: CopyReference | ClientReference | None = None
 
 
 def _median_reference(refs: Sequence[Reference]) -> Reference | None:
@@ -297,6 +298,8 @@ class StorageBench:
             tier.delete_many(warm)
             if tier.scheme == "memory":
                 run.copy_ref = CopyReference(items, block)
+            else:
+                run.copy_ref = client_reference(tier, items, block)
             self.on_step(f"{tier.name}: warm-up")
             for depth in cfg.depths:
                 if native:
@@ -304,9 +307,9 @@ class StorageBench:
                     run.tier = open_tier(with_option(url, "depth", str(depth)), self.namespace.id)
                 rows += self._measure_depth(run, depth, report)
         finally:
-            run.tier.close()
             if run.copy_ref is not None:
                 run.copy_ref.close()
+            run.tier.close()
         return rows
 
     def _measure_depth(self, run: _TierRun, depth: int, report: StorageReport) -> list[Measurement]:
@@ -414,9 +417,11 @@ class StorageBench:
     ) -> Reference | None:
         """The reference for one slice: a plain copy (memory) or fio on slice ``k``'s files."""
         if run.copy_ref is not None:
-            detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
             do = run.copy_ref.write if op == "write" else run.copy_ref.read
-            return Reference("copy", do(plan), detail)
+            if isinstance(run.copy_ref, CopyReference):
+                detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
+                return Reference("copy", do(plan), detail)
+            return Reference(run.copy_ref.kind, do(plan), run.copy_ref.detail(plan))
         if not fio_jobs:
             return None
         loops = 1

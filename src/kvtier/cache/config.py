@@ -41,7 +41,8 @@ class CacheConfig:
     means write-through everywhere. ``queue_chunks`` bounds each tier's background write queue:
     a write that finds it full is dropped and counted, the engine never waits.
     ``block_bytes`` (raw bytes of one chunk) sizes prefetch buffers; when unset the cache learns
-    it from the blocks it sees.
+    it from the blocks it sees. A tier that raised is skipped for ``error_backoff_s``, doubled
+    per failure in a row up to ``error_backoff_max_s`` (the cache's circuit breaker).
     """
 
     chunk_tokens: int = 256
@@ -53,7 +54,8 @@ class CacheConfig:
     max_lease_s: float = 600.0
     prefetch_pin_s: float = 5.0
     prefetch_workers: int = 1
-    error_backoff_s: float = 2.0
+    error_backoff_s: float = 1.0
+    error_backoff_max_s: float = 4.0
     block_bytes: int | None = None
     latency_buckets: tuple[float, ...] = field(
         default=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -67,7 +69,7 @@ class CacheConfig:
                 raise ConfigError(f"CacheConfig.{name} must be at least 1")
         if not 0 < self.lease_ttl_s <= self.max_lease_s:
             raise ConfigError("CacheConfig needs 0 < lease_ttl_s <= max_lease_s")
-        if self.prefetch_pin_s < 0 or self.error_backoff_s < 0:
+        if self.prefetch_pin_s < 0 or self.error_backoff_s < 0 or self.error_backoff_max_s < 0:
             raise ConfigError("CacheConfig times cannot be negative")
         if self.block_bytes is not None and self.block_bytes < 1:
             raise ConfigError("CacheConfig.block_bytes must be positive when given")

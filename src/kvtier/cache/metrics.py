@@ -41,6 +41,7 @@ class TierCounters:
     dropped_writes: int = 0  # queue full or tier down: the write never happened
     corrupt_blocks: int = 0
     tier_errors: int = 0
+    tier_outages: int = 0  # times the tier's breaker opened (it failed after answering)
     load_misses: int = 0  # a located block had gone by the time it was read
 
 
@@ -60,6 +61,7 @@ COUNTER_DOCS = {
     "dropped_writes": "writes dropped because the queue was full or the tier was down",
     "corrupt_blocks": "blocks that failed their checks (counted as misses and deleted)",
     "tier_errors": "tier operations that raised (I/O, connection, timeout)",
+    "tier_outages": "times the tier was taken out of use after failing (circuit breaker)",
     "load_misses": "located blocks that were gone when read",
 }
 

@@ -3,7 +3,14 @@
 Tiers are ordered fast→slow. A chunk "lives" in the fastest tier holding it. The engine's calls
 (lookup, load, store, prefetch, pin) never raise because a tier is slow, full, corrupt or down:
 a bad block is a counted miss (and is deleted), a failing tier is a counted miss and is skipped
-for ``error_backoff_s``, a full write queue drops the write and counts it.
+for a while, a full write queue drops the write and counts it.
+
+The skipping is a circuit breaker: a tier that raised is skipped for ``error_backoff_s``, then
+one call tries it again; each further failure in a row doubles the wait, up to
+``error_backoff_max_s``, and the first success closes the breaker. A tier whose server died or
+hangs thus costs one bounded timeout per wait, not one per request, and is used again within
+``error_backoff_max_s`` (plus one operation) of answering again. ``tier_down`` (a gauge) and
+``tier_outages`` (a counter) show it in the metrics.
 
 Threads: the caller's threads run lookup/load; one writer thread per tier drains that tier's
 bounded queue (stores, promotions, write-backs, deletes); a small pool runs prefetches. Tiers
@@ -56,6 +63,7 @@ class TieredCache:
         self.metrics = CacheMetrics(self.names, config.chunk_tokens, config.latency_buckets)
         self._leases = LeaseTable(config.max_lease_s)
         self._down_until = [0.0] * len(self._tiers)
+        self._failures = [0] * len(self._tiers)  # failures in a row, per tier
         self._admit_lock = threading.Lock()
         self._block_bytes = config.block_bytes or 0
         self._closed = False
@@ -85,6 +93,9 @@ class TieredCache:
         self.metrics.add_gauge("queue_depth", "writes waiting in the tier's queue", self._depths)
         self.metrics.add_gauge("used_bytes", "bytes the tier holds", self._used_bytes)
         self.metrics.add_gauge("pinned_keys", "keys pinned by leases now", self._pinned)
+        self.metrics.add_gauge(
+            "tier_down", "1 while the tier is skipped after failing (circuit open)", self._down
+        )
 
     # --- introspection -------------------------------------------------------------------
     @property
@@ -129,6 +140,7 @@ class TieredCache:
             except Exception as exc:
                 self._failed(t, "contains", exc)
                 continue
+            self._succeeded(t)
             if record:
                 self.metrics.observe("contains", t, time.perf_counter() - began, len(asked))
             held = sum(found)
@@ -219,6 +231,7 @@ class TieredCache:
         except Exception as exc:
             self._failed(t, "get", exc)
             return [_DOWN] * len(keys)
+        self._succeeded(t)
         self.metrics.observe("read", t, time.perf_counter() - began, len(keys))
         return results
 
@@ -385,6 +398,7 @@ class TieredCache:
             self._failed(t, "put", exc)
             self.metrics.count(t, dropped_writes=len(todo))
             return
+        self._succeeded(t)
         self.metrics.observe("write", t, time.perf_counter() - began, len(todo))
         written = [j for j, ok in zip(todo, done, strict=True) if ok]
         self.metrics.count(
@@ -413,18 +427,36 @@ class TieredCache:
         self._enqueue(target, [WriteJob("spill", key, bytes(payload), meta)])
 
     def _failed(self, t: int, op: str, exc: BaseException) -> None:
+        """Open tier ``t``'s breaker: skip it for the back-off, doubled per failure in a row."""
         self.metrics.count(t, tier_errors=1)
         was_up = self.tier_up(t)
-        self._down_until[t] = time.monotonic() + self.config.error_backoff_s
-        if was_up:
+        self._failures[t] += 1
+        config = self.config
+        wait = min(
+            config.error_backoff_s * 2 ** min(self._failures[t] - 1, 30),
+            max(config.error_backoff_max_s, config.error_backoff_s),
+        )
+        self._down_until[t] = time.monotonic() + wait
+        if was_up and self._failures[t] == 1:
+            self.metrics.count(t, tier_outages=1)
             log.warning(
                 "kvtier cache: tier %s failed on %s (%s: %s); treating it as a miss for %.1f s",
                 self.names[t],
                 op,
                 type(exc).__name__,
                 exc,
-                self.config.error_backoff_s,
+                wait,
             )
+
+    def _succeeded(self, t: int) -> None:
+        """Close tier ``t``'s breaker after an operation it answered."""
+        if self._failures[t]:
+            self._failures[t] = 0
+            self._down_until[t] = 0.0
+            log.warning("kvtier cache: tier %s answers again", self.names[t])
+
+    def _down(self):
+        return [(self.names[i], 0.0 if self.tier_up(i) else 1.0) for i in range(len(self._tiers))]
 
     # --- prefetch and pins ----------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes]) -> Future[PrefetchResult]:

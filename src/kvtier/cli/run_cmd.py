@@ -118,7 +118,7 @@ def run_command(
         typer.Option(
             "--tier",
             help="An extra (e.g. shared) tier after DRAM and disk, by URL (repeatable), "
-            "e.g. redis://host:6379/0?size=8GiB.",
+            "e.g. redis://host:6379/0?ttl=3600.",
         ),
     ] = None,
     profile: Annotated[

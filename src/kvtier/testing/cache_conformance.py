@@ -405,7 +405,7 @@ class CacheConformance:
     # -- failures ---------------------------------------------------------------------------
     def test_a_dead_slow_tier_degrades_to_recompute(self, fast_tier, slow_tier, make_cache):
         fast, slow = fast_tier(4, "fast"), DeadTier(slow_tier(256, "slow"))
-        cache = make_cache([fast, slow], error_backoff_s=0.2)
+        cache = make_cache([fast, slow], error_backoff_s=0.2, error_backoff_max_s=0.2)
         keys = chunk_keys(2)
         store_all(cache, keys)
         store_all(cache, chunk_keys(4, start=3_000_000))  # pushes keys out of the fast tier

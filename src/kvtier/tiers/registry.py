@@ -32,8 +32,9 @@ REGISTRY: Mapping[str, tuple[str, str | None, str | None]] = MappingProxyType(
         "file": ("kvtier.tiers.files.per_block:DiskTier", None, None),
         "slab": ("kvtier.tiers.files.slab:SlabTier", None, None),
         "redis": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
+        "rediss": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
         "valkey": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
-        "s3": ("kvtier.tiers.s3:S3Tier", "s3", "boto3"),
+        "s3": ("kvtier.tiers.s3:S3Tier", "s3", "obstore"),
     }
 )
 
@@ -43,6 +44,10 @@ OPTION_CLASSES: Mapping[str, str] = MappingProxyType(
         "memory": "kvtier.tiers.memory.options:MemoryOptions",
         "file": "kvtier.tiers.files.options:PerBlockOptions",
         "slab": "kvtier.tiers.files.options:SlabOptions",
+        "redis": "kvtier.tiers.redis.options:RedisOptions",
+        "rediss": "kvtier.tiers.redis.options:RedisOptions",
+        "valkey": "kvtier.tiers.redis.options:RedisOptions",
+        "s3": "kvtier.tiers.s3.options:S3Options",
     }
 )
 

@@ -1,0 +1,342 @@
+"""The Redis/Valkey tier: blocks as string values, pipelined, on one server or a Redis Cluster.
+
+Key names carry the prefix, namespace and key (``kvtier:{<namespace>:<key>}``; the braces are a
+cluster hash tag, so the parts of a split block share a slot). A block larger than
+``max_value`` is split over ``<name>:1``, ``<name>:2``…; the first part starts with the
+container's header, whose stored length says how many parts to read. A part that was dropped,
+overwritten half-way or never written fails the checksum: a counted miss.
+
+Every batched verb is one or two pipelines of ``batch`` commands. A server that refuses a write
+(``maxmemory`` with ``noeviction``: an OOM error) makes that put return False and counts it in
+:attr:`RedisTier.refused_puts`; reads go on. A connection error or a timeout raises, so the
+cache skips the tier for its back-off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, parse_header
+from kvtier.errors import ConfigError, TierUnavailableError
+from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.redis.options import RedisOptions
+from kvtier.tiers.shared import SharedTier, batches, encode, key_of, open_or_degrade
+from kvtier.tiers.url import parse_options
+
+SCHEMES = ("redis", "rediss", "valkey")
+
+
+class RedisTier(SharedTier):
+    """KV blocks in Redis or Valkey, shared by every process that opens the same server."""
+
+    scheme = "redis"
+    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
+    Options = RedisOptions
+
+    def __init__(
+        self,
+        namespace: bytes,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        db: int = 0,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: bool = False,
+        options: RedisOptions | None = None,
+    ):
+        self.options = o = options or RedisOptions()
+        super().__init__(namespace, o.name or "redis")
+        self.address = f"{host}:{port}/{db}"
+        self.refused_puts = 0
+        self._count_lock = threading.Lock()
+        self._tag = f"{o.prefix}:{{{namespace.hex()}:"
+        kwargs = dict(
+            socket_timeout=o.timeout,
+            socket_connect_timeout=o.timeout,
+            retry=Retry(NoBackoff(), 0),
+            username=username,
+            password=password,
+            health_check_interval=0,
+        )
+        if tls:
+            kwargs |= dict(
+                ssl=True, ssl_ca_certs=o.ca, ssl_cert_reqs="required" if o.verify else "none"
+            )
+            if not o.verify:
+                kwargs["ssl_check_hostname"] = False
+        what = f"the {self.name} tier (redis at {self.address})"
+        if o.cluster and db != 0:
+            raise ConfigError("a Redis Cluster has only database 0; drop the /db from the URL")
+        self._args = dict(host=host, port=port, **kwargs) | ({} if o.cluster else {"db": db})
+        self._client = None
+        self._client_lock = threading.Lock()
+        self.degraded = open_or_degrade(what, o.optional, lambda: self._connect(what))
+
+    @classmethod
+    def from_url(cls, url: TierURL, namespace: bytes) -> RedisTier:
+        if url.scheme not in SCHEMES:
+            raise ConfigError(f"not a redis URL: {url.scheme}://")
+        options = parse_options(RedisOptions, url)
+        parts = urlsplit(f"//{url.netloc}")
+        try:
+            port = parts.port or 6379
+        except ValueError:
+            raise ConfigError(
+                f"{url.scheme}:// tier URL has a bad port in {parts.hostname!r}"
+            ) from None
+        db_text = url.path.strip("/") or "0"
+        if not db_text.isdigit():
+            raise ConfigError(
+                f"{url.scheme}:// tier URL: the path is the database number, not {db_text!r}"
+            )
+        return cls(
+            namespace,
+            parts.hostname or "127.0.0.1",
+            port,
+            int(db_text),
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            tls=url.scheme == "rediss",
+            options=options,
+        )
+
+    # --- connection -------------------------------------------------------------------
+    def _connect(self, what: str) -> None:
+        try:
+            self.client.ping()
+        except AuthenticationError:
+            raise TierUnavailableError(
+                f"{what} refused the credentials; check the URL's user and password"
+            ) from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise TierUnavailableError(
+                f"{what} does not answer ({type(exc).__name__}: {_brief(exc)}); "
+                "start it or fix the URL"
+            ) from None
+        except ResponseError as exc:
+            raise TierUnavailableError(f"{what} refused PING: {_brief(exc)}") from None
+
+    @property
+    def client(self):
+        """The redis-py client (``Redis``, or ``RedisCluster`` made once the cluster answers)."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    if self.options.cluster:
+                        from redis.cluster import RedisCluster
+
+                        self._client = RedisCluster(**self._args)
+                    else:
+                        self._client = redis.Redis(**self._args)
+                client = self._client
+        return client
+
+    def _pipe(self):
+        return self.client.pipeline(transaction=False)
+
+    def name_of(self, key: bytes, part: int = 0) -> str:
+        """The Redis key of a block's ``part``-th value."""
+        base = f"{self._tag}{key.hex()}}}"
+        return base if part == 0 else f"{base}:{part}"
+
+    def _parts(self, total: int) -> int:
+        return max(1, -(-total // self.options.max_value))
+
+    # --- batched verbs ---------------------------------------------------------------
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        out: list[bool] = []
+        for run in batches(keys, self.options.batch):
+            pipe = self._pipe()
+            for key in run:
+                pipe.exists(self.name_of(key))
+            out += [bool(n) for n in pipe.execute()]
+        return out
+
+    def get_many_into(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        if len(keys) != len(outs):
+            raise ValueError("get_many_into needs one buffer per key")
+        results: list[BlockHeader | BlockError | None] = []
+        for run, run_outs in zip(
+            batches(keys, self.options.batch), batches(outs, self.options.batch), strict=True
+        ):
+            pipe = self._pipe()
+            for key in run:
+                pipe.get(self.name_of(key))
+            firsts = pipe.execute()
+            values = self._whole(run, firsts)
+            results += [
+                self._decode_into(k, v, o) for k, v, o in zip(run, values, run_outs, strict=True)
+            ]
+        return results
+
+    def _whole(self, keys: Sequence[bytes], firsts: list) -> list:
+        """The whole stored objects: the parts of a split block are read again, all in one
+        transaction, so a concurrent overwrite cannot mix two versions."""
+        values = list(firsts)
+        for i, first in enumerate(firsts):
+            parts = self._stored_parts(first)
+            for _ in range(3):
+                if parts == 1:
+                    break
+                tx = self.client.pipeline(transaction=True)
+                for p in range(parts):
+                    tx.get(self.name_of(keys[i], p))
+                chunks = tx.execute()
+                now = self._stored_parts(chunks[0])
+                if now == parts or chunks[0] is None:
+                    values[i] = None if chunks[0] is None else b"".join(c or b"" for c in chunks)
+                    break
+                parts = now  # overwritten in between with another size: read again
+            else:
+                values[i] = None
+        return values
+
+    def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        out: list[bool] = []
+        for run in batches(items, self.options.batch):
+            out += self._put_run(run)
+        return out
+
+    def _put_run(self, run: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        """One pipeline for the blocks of one value; one transaction per split block."""
+        o = self.options
+        px = int(o.ttl * 1000) or None
+        pipe = self._pipe()
+        replies: list = [None] * len(run)
+        split: list[tuple[int, bytes]] = []
+        single: list[int] = []
+        for i, (key, payload, meta) in enumerate(run):
+            data = encode(self.namespace, key, payload, meta)
+            if len(data) > o.max_value:
+                split.append((i, data))
+            else:
+                pipe.set(self.name_of(key), data, px=px)
+                single.append(i)
+        if single:
+            for i, reply in zip(single, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = [reply]
+        for i, data in split:
+            tx = self.client.pipeline(transaction=True)
+            for p in range(self._parts(len(data))):
+                tx.set(
+                    self.name_of(run[i][0], p), data[p * o.max_value : (p + 1) * o.max_value], px=px
+                )
+            try:
+                replies[i] = tx.execute(raise_on_error=False)
+            except ResponseError as exc:  # EXECABORT: the server refused the whole transaction
+                replies[i] = [exc]
+        out: list[bool] = []
+        for answers in replies:
+            for err in answers:
+                if isinstance(err, Exception) and not isinstance(err, ResponseError):
+                    raise err
+            out.append(not any(isinstance(a, Exception) for a in answers))
+        refused = out.count(False)
+        if refused:
+            with self._count_lock:
+                self.refused_puts += refused
+        return out
+
+    def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        out: list[bool] = []
+        for run in batches(keys, self.options.batch):
+            pipe = self._pipe()
+            for key in run:
+                pipe.getrange(self.name_of(key), 0, HEADER_SIZE - 1)
+            heads = pipe.execute()
+            pipe = self._pipe()
+            split: list[tuple[bytes, int]] = []
+            for key, head in zip(run, heads, strict=True):
+                parts = self._stored_parts(head)
+                if parts > 1:
+                    split.append((key, parts))
+                else:
+                    pipe.delete(self.name_of(key))
+            removed = iter(pipe.execute())
+            gone = {}
+            for key, parts in split:  # all parts at once: a concurrent put is kept whole or lost
+                tx = self.client.pipeline(transaction=True)
+                for p in range(parts):
+                    tx.delete(self.name_of(key, p))
+                gone[key] = bool(tx.execute()[0])
+            out += [gone[k] if k in gone else bool(next(removed)) for k in run]
+        return out
+
+    def _stored_parts(self, head) -> int:
+        if not head or len(head) < HEADER_SIZE:
+            return 1
+        try:
+            return self._parts(parse_header(head).total_len)
+        except BlockError:
+            return 1
+
+    # --- listing ----------------------------------------------------------------------
+    def _names(self) -> Iterator[str]:
+        pattern = f"{_glob_escape(self._tag)}*}}"
+        for name in self.client.scan_iter(match=pattern, count=1000):
+            yield name.decode() if isinstance(name, bytes) else name
+
+    def iter_keys(self) -> Iterator[bytes]:
+        keys = [key_of(n) for n in self._names()]
+        return iter([k for k in keys if k is not None])
+
+    def usage(self) -> TierUsage:
+        """Blocks and bytes of this namespace on the server (a SCAN: costs one pass over it)."""
+        names = list(self._names())
+        used = 0
+        for run in batches(names, self.options.batch):
+            pipe = self._pipe()
+            for name in run:
+                pipe.getrange(name, 0, HEADER_SIZE - 1)
+            for head in pipe.execute():
+                try:
+                    used += parse_header(head).total_len
+                except BlockError:
+                    continue
+        return TierUsage(used, self._capacity(), len(names), self._notes())
+
+    def _capacity(self) -> int:
+        try:
+            info = self.client.info("memory")
+        except ResponseError:
+            return 0
+        if isinstance(info, dict) and "maxmemory" not in info:  # a cluster: one dict per node
+            return sum(int(v.get("maxmemory", 0)) for v in info.values() if isinstance(v, dict))
+        return int(info.get("maxmemory", 0))
+
+    def _notes(self) -> tuple[str, ...]:
+        notes = []
+        if self.degraded:
+            notes.append(f"degraded at open: {self.degraded}")
+        if self.refused_puts:
+            notes.append(f"{self.refused_puts} puts refused by the server (full?)")
+        return tuple(notes)
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _brief(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+__all__ = ["SCHEMES", "RedisTier"]

@@ -1,0 +1,265 @@
+"""The S3 tier: one object per block on any S3-compatible store, through obstore.
+
+Objects are named ``<url prefix>/<prefix>/<namespace>/<key>`` (hex). A batch of gets, heads or
+puts runs concurrently (``concurrency=`` in flight) on an event loop the tier owns, and the
+whole batch is bounded: ``timeout=`` seconds per round of requests plus its bytes at ``rate=``;
+past that it raises TimeoutError and its requests are cancelled. obstore sends large objects
+in multipart uploads by itself. With ``ttl=``, an object older than that is a miss (S3 keeps it
+until the bucket's lifecycle rules remove it).
+
+At open the bucket is checked with one signed HEAD request: a missing bucket is a clear error
+unless ``create=1`` (then it is created), as are refused credentials and a server that does not
+answer. Credentials come from the environment (``AWS_ACCESS_KEY_ID``…) and are never logged;
+with an ``endpoint=`` and no ``AWS_ACCESS_KEY_ID`` the requests go unsigned (anonymous).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import obstore
+from obstore.store import S3Store
+
+from kvtier.codec import BlockError, BlockHeader, BlockMeta
+from kvtier.errors import ConfigError, TierUnavailableError
+from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.s3.options import S3Options
+from kvtier.tiers.shared import SharedTier, encode, key_of, open_or_degrade
+from kvtier.tiers.url import parse_options
+
+_OPEN_TIMEOUT_S = 2.0
+_FIRST_GUESS = 1 << 20  # bytes of a block before the tier has seen one
+
+
+class S3Tier(SharedTier):
+    """KV blocks as S3 objects, shared by every process that opens the same bucket and prefix."""
+
+    scheme = "s3"
+    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
+    Options = S3Options
+
+    def __init__(
+        self, namespace: bytes, bucket: str, path: str = "", options: S3Options | None = None
+    ):
+        self.options = o = options or S3Options()
+        super().__init__(namespace, o.name or "s3")
+        if len(bucket) < 3:
+            raise ConfigError(f"s3:// bucket name {bucket!r} is too short (3 characters at least)")
+        self.bucket = bucket
+        self.root = "/".join(p for p in (path.strip("/"), o.prefix, namespace.hex()) if p)
+        self._largest = _FIRST_GUESS
+        config: dict = {}
+        if o.endpoint:
+            config["endpoint"] = o.endpoint
+        if o.region:
+            config["region"] = o.region
+        self._anonymous = bool(o.endpoint and not os.environ.get("AWS_ACCESS_KEY_ID"))
+        if self._anonymous:
+            # No credentials for a store of one's own: anonymous requests, never a probe of a
+            # cloud's instance-metadata address for credentials.
+            config["skip_signature"] = True
+        client = {
+            "timeout": "60s",
+            "connect_timeout": f"{max(1, int(o.timeout * 1000))}ms",
+            "allow_http": bool(o.endpoint and o.endpoint.startswith("http://")),
+        }
+        retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=o.timeout)}
+        try:
+            self._store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
+        except Exception as exc:  # obstore's config errors carry no credentials
+            raise ConfigError(f"s3:// tier for bucket {bucket!r}: {_brief(exc)}") from None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="kvtier-s3", daemon=True
+        )
+        self._thread.start()
+        where = f"the {self.name} tier (s3://{bucket} at {o.endpoint or 'AWS'})"
+        self.degraded = open_or_degrade(where, o.optional, lambda: self._check_bucket(where))
+
+    @classmethod
+    def from_url(cls, url: TierURL, namespace: bytes) -> S3Tier:
+        options = parse_options(S3Options, url)
+        if not url.netloc:
+            raise ConfigError(
+                "s3:// tier URL needs a bucket, e.g. s3://kv-cache/prefix?endpoint=http://127.0.0.1:8333"
+            )
+        return cls(namespace, url.netloc, url.path, options)
+
+    # --- open ---------------------------------------------------------------------------
+    def _signed(self, method: str) -> int:
+        """The HTTP status of a signed ``method`` request on the bucket itself."""
+        if self._anonymous:
+            url = f"{self.options.endpoint.rstrip('/')}/{self.bucket}/"
+        else:
+            url = obstore.sign(self._store, method, "", timedelta(minutes=5))
+        request = urllib.request.Request(url, method=method, data=b"" if method == "PUT" else None)
+        try:
+            with urllib.request.urlopen(
+                request, timeout=max(_OPEN_TIMEOUT_S, self.options.timeout)
+            ) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def _check_bucket(self, where: str) -> None:
+        try:
+            status = self._signed("HEAD")
+            if status == 404 and self.options.create:
+                status = self._signed("PUT")
+                if status in (200, 409):
+                    status = self._signed("HEAD")
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TierUnavailableError(
+                f"{where} does not answer ({_brief(reason)}); start it or fix endpoint="
+            ) from None
+        if status == 404:
+            raise TierUnavailableError(
+                f"{where}: no bucket {self.bucket!r}; create it, or add create=1 to the URL"
+            )
+        if status in (401, 403):
+            raise TierUnavailableError(
+                f"{where} refused the credentials (HTTP {status}); "
+                "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        if status >= 300:
+            raise TierUnavailableError(f"{where} answered HTTP {status} for the bucket")
+
+    # --- running batches ----------------------------------------------------------------
+    def _run(self, coros: list, nbytes: int):
+        """Run ``coros`` concurrently, bounded by the timeout and the bytes; results in order."""
+        if not coros:
+            return []
+        o = self.options
+        rounds = -(-len(coros) // o.concurrency)
+        deadline = o.timeout * rounds + nbytes / o.rate
+
+        async def gather():
+            gate = asyncio.Semaphore(o.concurrency)
+
+            async def one(coro):
+                async with gate:
+                    return await coro
+
+            return await asyncio.wait_for(asyncio.gather(*(one(c) for c in coros)), deadline)
+
+        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
+        try:
+            return future.result(deadline + 1.0)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"{self.name}: {len(coros)} S3 requests took over {deadline:.3f} s"
+            ) from None
+
+    @property
+    def store(self) -> S3Store:
+        """The obstore store of the bucket (object paths: :meth:`path_of`)."""
+        return self._store
+
+    def path_of(self, key: bytes) -> str:
+        """The object path (within the bucket) of a block."""
+        return f"{self.root}/{key.hex()}"
+
+    def _fresh(self, meta) -> bool:
+        ttl = self.options.ttl
+        if not ttl:
+            return True
+        modified = meta.get("last_modified") if meta else None
+        return modified is None or (datetime.now(UTC) - modified).total_seconds() <= ttl
+
+    async def _head(self, key: bytes):
+        try:
+            return await obstore.head_async(self._store, self.path_of(key))
+        except FileNotFoundError:
+            return None
+
+    async def _get(self, key: bytes):
+        try:
+            result = await obstore.get_async(self._store, self.path_of(key))
+        except FileNotFoundError:
+            return None
+        if not self._fresh(result.meta):
+            return None
+        return await result.bytes_async()
+
+    async def _put(self, key: bytes, data: bytes) -> None:
+        await obstore.put_async(self._store, self.path_of(key), data)
+
+    async def _delete(self, key: bytes) -> None:
+        await obstore.delete_async(self._store, self.path_of(key))
+
+    # --- batched verbs ------------------------------------------------------------------
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        metas = self._run([self._head(k) for k in keys], 0)
+        return [m is not None and self._fresh(m) for m in metas]
+
+    def get_many_into(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        if len(keys) != len(outs):
+            raise ValueError("get_many_into needs one buffer per key")
+        values = self._run([self._get(k) for k in keys], len(keys) * self._largest)
+        results = []
+        for key, value, out in zip(keys, values, outs, strict=True):
+            if value is not None and len(value) > self._largest:
+                self._largest = len(value)
+            results.append(self._decode_into(key, value, out))
+        return results
+
+    def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        encoded = [(k, encode(self.namespace, k, p, m)) for k, p, m in items]
+        nbytes = sum(len(d) for _, d in encoded)
+        for _, data in encoded:
+            self._largest = max(self._largest, len(data))
+        self._run([self._put(k, d) for k, d in encoded], nbytes)
+        return [True] * len(encoded)
+
+    def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        present = self.contains_many(keys)
+        gone = [k for k, p in zip(keys, present, strict=True) if p]
+        self._run([self._delete(k) for k in gone], 0)
+        return present
+
+    # --- listing ------------------------------------------------------------------------
+    def _objects(self) -> list[dict]:
+        async def listing():
+            out = []
+            async for chunk in obstore.list(self._store, prefix=self.root + "/"):
+                out.extend(chunk)
+            return out
+
+        future = asyncio.run_coroutine_threadsafe(listing(), self._loop)
+        return future.result(max(5.0, 10 * self.options.timeout))
+
+    def iter_keys(self) -> Iterator[bytes]:
+        keys = [key_of(m["path"]) for m in self._objects() if self._fresh(m)]
+        return iter([k for k in keys if k is not None])
+
+    def usage(self) -> TierUsage:
+        """Blocks and bytes of this namespace in the bucket (a LIST: one pass over them)."""
+        objects = [m for m in self._objects() if self._fresh(m)]
+        notes = (f"degraded at open: {self.degraded}",) if self.degraded else ()
+        return TierUsage(sum(m["size"] for m in objects), 0, len(objects), notes)
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(5)
+        if not loop.is_running() and not loop.is_closed():
+            loop.close()
+
+
+def _brief(exc: object) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+__all__ = ["S3Tier"]

@@ -1,0 +1,139 @@
+"""What the shared tiers (Redis/Valkey, S3) have in common: options, object names, the block
+container, the single-block verbs over batched ones, and opening a server that may be down.
+
+A shared tier's capacity belongs to its server (``shared=True, evicts=False``): the server's
+memory policy, or a ``ttl=``, bounds what it holds, and a key the server dropped is a miss. It
+keeps no index of its own, since other processes write the same keys; every answer comes from
+the server. Blocks are stored in the same checksummed container as on every tier, so a foreign,
+stale or corrupt object raises a :class:`~kvtier.codec.BlockError` (a counted miss), never data.
+
+An operation that does not answer within ``timeout=`` seconds raises (TimeoutError or the
+client's error), so the cache skips the tier for a while (its back-off) instead of waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block, unpack_into
+from kvtier.codec.container import RAW_META
+from kvtier.errors import TierUnavailableError
+from kvtier.tiers.base import Tier
+from kvtier.tiers.url import UrlOptions, opt
+
+log = logging.getLogger("kvtier.tiers")
+
+#: The default bound of one operation, in seconds.
+DEFAULT_TIMEOUT_S = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedOptions(UrlOptions):
+    """Options every shared tier has: the operation bound, a TTL, the key prefix, optional, name."""
+
+    timeout: float = opt(
+        "seconds",
+        DEFAULT_TIMEOUT_S,
+        min=0.001,
+        help="seconds an operation may take before it fails (the tier is then skipped a while)",
+    )
+    ttl: float = opt("seconds", 0.0, help="seconds a stored block lives (0: as long as kept)")
+    prefix: str = opt("str", "kvtier", help="the first part of every object's name")
+    optional: bool = opt(
+        "switch", False, help="open even when the server does not answer (logged, degraded)"
+    )
+    name: str | None = opt("str", None, help="the tier's name in stats")
+
+
+def object_name(prefix: str, namespace: bytes, key: bytes, sep: str = ":") -> str:
+    """The object name of a block: the prefix, the namespace and the key, in hex."""
+    return f"{prefix}{sep}{namespace.hex()}{sep}{key.hex()}"
+
+
+def key_of(name: str) -> bytes | None:
+    """The block key at the end of an object name (None for a name that is not one)."""
+    tail = name.rstrip("}")[-32:]
+    try:
+        key = bytes.fromhex(tail)
+    except ValueError:
+        return None
+    return key if len(key) == 16 else None
+
+
+def encode(namespace: bytes, key: bytes, payload, meta: BlockMeta) -> bytes:
+    """One block as the bytes of one object: the container's header, then its stored payload.
+
+    ``bytes``, not a view: redis-py sends a bytes value faster than a memoryview, and one
+    copy of the payload costs less than that difference.
+    """
+    header, stored = pack_block(namespace, key, payload, meta)
+    return b"".join((header, stored))
+
+
+def decode(namespace: bytes, key: bytes, data, out) -> BlockHeader:
+    """Check a stored object and decode it into ``out`` (BlockError when it is not this block)."""
+    return unpack_into(data, out, namespace, key)
+
+
+class SharedTier(Tier):
+    """A tier on a server other processes use too; subclasses give the batched verbs."""
+
+    def contains(self, key: bytes) -> bool:
+        return self.contains_many([key])[0]
+
+    def get_into(self, key: bytes, out) -> BlockHeader | None:
+        result = self.get_many_into([key], [out])[0]
+        if isinstance(result, BlockError):
+            raise result
+        return result
+
+    def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
+        return self.put_many([(key, payload, meta)])[0]
+
+    def delete(self, key: bytes) -> bool:
+        return self.delete_many([key])[0]
+
+    def _decode_into(
+        self, key: bytes, data, out
+    ) -> BlockHeader | BlockError | None:  # BufferTooSmallError raises
+        if data is None:
+            return None
+        try:
+            return decode(self.namespace, key, data, out)
+        except BlockError as exc:
+            return exc
+
+
+def open_or_degrade(what: str, optional: bool, check: Callable[[], None]) -> str | None:
+    """Run ``check`` (which raises TierUnavailableError); with ``optional``, log and go on.
+
+    Returns the reason the tier is degraded, or None when it answered.
+    """
+    try:
+        check()
+    except TierUnavailableError as exc:
+        if not optional:
+            raise
+        log.warning("kvtier: %s is degraded (optional=1): %s", what, exc)
+        return str(exc)
+    return None
+
+
+def batches(items: Sequence, size: int) -> list[Sequence]:
+    """``items`` in runs of at most ``size``."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "SharedOptions",
+    "SharedTier",
+    "batches",
+    "decode",
+    "encode",
+    "key_of",
+    "object_name",
+    "open_or_degrade",
+]

@@ -1,0 +1,55 @@
+"""kvtier's connector over a shared Redis tier, across engine processes: a "prefill" engine
+stores a prompt's KV through its host-memory tier into Redis and exits; a "decode" engine,
+another process with another PYTHONHASHSEED and a fresh host-memory tier, loads the whole
+prefix from Redis and generates the same greedy tokens."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kvtier.engines.vllm.probe import Probe, read_records
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+SHORT = 16
+
+
+def test_a_second_engine_loads_the_prefix_from_redis(redis_server, text_tokens, tmp_path):
+    from kvtier.engines.vllm.scheduler import prompt_hash
+
+    prompt = text_tokens[0:1100]
+    tag = uuid.uuid4().hex[:8]
+    shm = [Path(f"/dev/shm/kvtier-test-{tag}-{i}") for i in range(2)]
+    shared = f"{redis_server.url}?prefix=vllm-{tag}&timeout=1&name=redis"
+    outs, records = [], []
+    try:
+        for i, name in enumerate(("prefill", "decode")):
+            spec = {
+                "connector": {
+                    "tiers": [f"slab://{shm[i]}?size=96MiB", shared],
+                    "records": str(tmp_path / f"{name}.jsonl"),
+                },
+                "prefix_caching": False,
+                "steps": [{"prompts": [prompt], "max_tokens": SHORT}],
+            }
+            probe = Probe(spec, tmp_path, name, env={"PYTHONHASHSEED": str(i + 1)})
+            try:
+                outs.append(probe.result())
+            finally:
+                if probe.proc.poll() is None:
+                    probe.kill()
+            shutil.rmtree(shm[i], ignore_errors=True)  # nothing local survives the engine
+            records.append(read_records(tmp_path / f"{name}.jsonl"))
+    finally:
+        for d in shm:
+            shutil.rmtree(d, ignore_errors=True)
+    h = prompt_hash(prompt)
+    (wrote,) = [r for r in records[0] if r["prompt_hash"] == h]
+    (read,) = [r for r in records[1] if r["prompt_hash"] == h]
+    assert wrote["loaded_tokens"] == 0  # computed, then stored through to Redis
+    assert read["loaded_tokens"] == 1024 and set(read["hit_tokens"]) == {"redis"}
+    assert outs[1][0]["tokens"] == outs[0][0]["tokens"]

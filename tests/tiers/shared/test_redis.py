@@ -1,0 +1,215 @@
+"""The Redis/Valkey tier on real servers: the conformance suite on one server, on split values
+and on a 3-node cluster; URLs, TTL, refused puts, namespaced key names."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import redis
+import xxhash
+
+from kvtier.codec import BlockHeader, CorruptBlockError
+from kvtier.errors import ConfigError, TierUnavailableError
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    NS_B,
+    TierConformance,
+    check_payload,
+    make_key,
+    make_payload,
+)
+from kvtier.tiers import open_tier
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.registry import check_tier_url
+
+pytestmark = pytest.mark.services
+
+
+def _prefix(root) -> str:
+    """A key prefix of a test's own (the server outlives the test)."""
+    return "t" + xxhash.xxh3_64_hexdigest(str(root).encode())[:12]
+
+
+def _url(base: str, **options) -> str:
+    sep = "&" if "?" in base else "?"
+    return base + sep + "&".join(f"{k}={v}" for k, v in options.items())
+
+
+class RedisConformance(TierConformance):
+    server_fixture = "redis_server"
+    extra: ClassVar[dict[str, str]] = {}
+
+    @pytest.fixture(autouse=True)
+    def _server(self, request):
+        self.server = request.getfixturevalue(self.server_fixture)
+
+    def make_tier(self, root, namespace, capacity, eviction="lru"):
+        url = _url(self.server.url, prefix=_prefix(root), timeout=1, **self.extra)
+        return open_tier(url, namespace)
+
+    def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
+        client = tier.client
+        name = tier.name_of(key)
+        value = bytearray(client.get(name))
+        if how == "payload":
+            value[-1] ^= 0x01
+        elif how == "header":
+            value[1] ^= 0x10
+        elif how == "truncate":
+            value = value[: len(value) // 2]
+        elif how == "foreign":
+            value = bytearray(client.get(other_tier.name_of(key)))
+        elif how == "swap":
+            other = tier.name_of(other_key)
+            theirs = client.get(other)
+            client.set(other, bytes(value))
+            value = bytearray(theirs)
+        client.set(name, bytes(value))
+        return True
+
+
+class TestRedisTier(RedisConformance):
+    pass
+
+
+class TestRedisTierSplitValues(RedisConformance):
+    """Blocks larger than ``max_value`` over several keys (the suite's blocks are 16 KiB)."""
+
+    extra: ClassVar[dict[str, str]] = {"max_value": "4KiB"}
+
+    def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
+        if how in ("foreign", "swap"):
+            return super().corrupt(tier, key, how, other_key=other_key, other_tier=other_tier)
+        if how == "truncate":
+            tier.client.delete(tier.name_of(key, 2))  # a part the server dropped
+            return True
+        return super().corrupt(tier, key, how)
+
+
+class TestRedisCluster(RedisConformance):
+    """The same contract on a 3-node Redis Cluster, through the cluster client."""
+
+    server_fixture = "redis_cluster"
+
+
+def test_key_names_carry_the_namespace(redis_server, tmp_path):
+    tier = open_tier(_url(redis_server.url, prefix="names"), NS_A)
+    key = make_key(1)
+    assert tier.put(key, make_payload(key, 0, 64))
+    raw = redis.Redis.from_url(redis_server.url)
+    assert raw.exists(f"names:{{{NS_A.hex()}:{key.hex()}}}")
+    assert list(tier.iter_keys()) == [key]
+    assert list(open_tier(_url(redis_server.url, prefix="names"), NS_B).iter_keys()) == []
+    tier.close()
+
+
+def test_split_block_missing_part_is_a_miss_of_its_own(redis_server, tmp_path):
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), max_value="4KiB"), NS_A)
+    key = make_key(1)
+    assert tier.put(key, make_payload(key, 1, 20_000))
+    assert tier.client.exists(tier.name_of(key, 4))  # 20 000 + header bytes: 5 parts
+    out = np.zeros(20_000, np.uint8)
+    assert isinstance(tier.get_into(key, out), BlockHeader)
+    tier.client.delete(tier.name_of(key, 3))
+    with pytest.raises(CorruptBlockError):
+        tier.get_into(key, out)
+    assert tier.delete(key) and not tier.client.exists(tier.name_of(key, 4))
+
+
+def test_ttl_expires_blocks(redis_server, tmp_path):
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), ttl="0.3"), NS_A)
+    key = make_key(1)
+    assert tier.put(key, make_payload(key, 1, 1000))
+    assert 0 < tier.client.pttl(tier.name_of(key)) <= 300
+    deadline = time.monotonic() + 5
+    while tier.contains(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not tier.contains(key)
+    assert tier.get_into(key, np.zeros(1000, np.uint8)) is None  # a dropped key is a miss
+
+
+def test_full_server_refuses_puts_and_stays_readable(spawn_server):
+    server = spawn_server("redis", maxmemory="3mb", policy="noeviction")
+    tier = open_tier(server.url, NS_A)
+    keys = [make_key(i) for i in range(40)]
+    done = tier.put_many([(k, make_payload(k, 0, 256 * 1024), _meta()) for k in keys])
+    assert done[0] and not all(done), "a 3 MB server should take some 256 KiB blocks, not all"
+    assert tier.refused_puts == done.count(False)
+    assert any("refused" in n for n in tier.usage().notes)
+    for key, ok in zip(keys, done, strict=True):
+        out = np.zeros(256 * 1024, np.uint8)
+        header = tier.get_into(key, out)
+        assert (header is not None) == ok
+        if ok:
+            check_payload(out, 256 * 1024, key)
+
+
+def _meta():
+    from kvtier.codec import BlockMeta
+
+    return BlockMeta()
+
+
+def test_urls_and_options(redis_server):
+    port = redis_server.port
+    tier = open_tier(f"valkey://127.0.0.1:{port}/2?timeout=0.05&batch=8&name=shared", NS_A)
+    assert isinstance(tier, RedisTier) and tier.name == "shared"
+    assert tier.options.timeout == 0.05 and tier.options.batch == 8
+    assert tier.address.endswith("/2")
+    assert tier.capabilities.shared and not tier.capabilities.evicts
+    tier.close()
+    check_tier_url(f"redis://127.0.0.1:{port}/0?ttl=60")
+    with pytest.raises(ConfigError, match="unknown redis:// tier option"):
+        check_tier_url("redis://127.0.0.1:1/0?size=1GiB")
+    with pytest.raises(ConfigError, match="database number"):
+        open_tier(f"redis://127.0.0.1:{port}/x", NS_A)
+    with pytest.raises(ConfigError, match="timeout"):
+        check_tier_url("redis://127.0.0.1:1/0?timeout=0")
+
+
+def test_closed_port_is_a_clear_error_at_open(tmp_path):
+    from kvtier.testing.services import free_port
+
+    port = free_port()
+    began = time.monotonic()
+    with pytest.raises(TierUnavailableError, match=f"127.0.0.1:{port}/0.*does not answer"):
+        open_tier(f"redis://127.0.0.1:{port}/0", NS_A)
+    assert time.monotonic() - began < 2
+    tier = open_tier(f"redis://127.0.0.1:{port}/0?optional=1", NS_A)  # logged, degraded
+    assert tier.degraded and "does not answer" in tier.degraded
+    with pytest.raises(redis.ConnectionError):
+        tier.contains(make_key(1))
+
+
+def test_wrong_password_is_a_clear_error_never_logged(spawn_server, caplog):
+    server = spawn_server("redis", password="s3cret-pass")
+    good = open_tier(server.url, NS_A)
+    assert good.put(make_key(1), make_payload(make_key(1), 0, 64))
+    bad = server.url.replace("s3cret-pass", "wrong-pass")
+    with pytest.raises(TierUnavailableError, match="refused the credentials") as info:
+        open_tier(bad, NS_A)
+    assert "wrong-pass" not in str(info.value) and "s3cret" not in str(info.value)
+    open_tier(bad + "?optional=1", NS_A)
+    assert "wrong-pass" not in caplog.text and "refused the credentials" in caplog.text
+
+
+def test_rediss_speaks_tls_and_checks_the_certificate(spawn_server):
+    server = spawn_server("redis", tls=True)
+    assert server.url.startswith("rediss://127.0.0.1:") and "?ca=" in server.url
+    tier = open_tier(f"{server.url}&timeout=2", NS_A)
+    key = make_key(1)
+    assert tier.put(key, make_payload(key, 5, 5000))
+    out = np.zeros(5000, np.uint8)
+    assert tier.get_into(key, out) is not None and check_payload(out, 5000, key) == 5
+    tier.close()
+    plain = server.url.split("?")[0]
+    with pytest.raises(TierUnavailableError, match="does not answer"):
+        open_tier(f"{plain}?timeout=2", NS_A)  # its certificate is signed by no CA we trust
+    with pytest.raises(TierUnavailableError, match="does not answer"):
+        open_tier(plain.replace("rediss://", "redis://") + "?timeout=0.5", NS_A)  # no TLS
+    unchecked = open_tier(f"{plain}?timeout=2&verify=0", NS_A)
+    assert unchecked.contains(key)
+    unchecked.close()

@@ -175,7 +175,7 @@ class XorCodec:
     name = "test-xor"
     id = 251
 
-    def encode(self, raw, dtype):
+    def encode(self, raw, dtype, shape=()):
         return (np.frombuffer(raw, np.uint8) ^ 0x5A).tobytes()
 
     def decode_into(self, stored, out, dtype):

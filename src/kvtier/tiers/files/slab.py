@@ -57,7 +57,7 @@ from kvtier.codec import (
     get_codec,
     parse_header,
 )
-from kvtier.codec.container import header_bytes
+from kvtier.codec.container import encode_payload, header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions
@@ -408,7 +408,11 @@ class SlabTier(FileTier):
                     ok = h.intdigest() == header.checksum
                     if ok:
                         codec = get_codec(header.meta.codec)
-                        n = codec.decode_into(memoryview(body), read.target, header.meta.dtype)
+                        n = codec.decode_into(
+                            memoryview(body),
+                            memoryview(read.target).cast("B")[: header.raw_len],
+                            header.meta.dtype,
+                        )
                         if n != header.raw_len:
                             raise CorruptBlockError(
                                 f"block decoded to {n} bytes, header says {header.raw_len}"
@@ -495,8 +499,7 @@ class SlabTier(FileTier):
         """Admit, encode and place a block: its index entry-to-be (header, slot) and stored
         bytes; None when not admitted or there is no room."""
         raw = memoryview(payload).cast("B")
-        codec = get_codec(meta.codec)
-        stored = raw if codec.name == "raw" else memoryview(codec.encode(raw, meta.dtype)).cast("B")
+        codec_id, meta, stored = encode_payload(raw, meta)
         n = stored.nbytes
         with self._lock:
             if not self.ledger.admit(key, n, meta.value):
@@ -505,7 +508,7 @@ class SlabTier(FileTier):
             if place is None:
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())
-        zeroed = header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
+        zeroed = header_bytes(self.namespace, key, meta, codec_id, raw.nbytes, n, 0)
         head, checksum, seed = _short.seal(zeroed[:SEQ_AT] + seq.to_bytes(8, "little"), stored)
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored

@@ -440,7 +440,7 @@ class MemoryTier(Tier):
             return header
         stored = parts[0] if len(parts) == 1 else np.concatenate(parts)
         got = get_codec(header.meta.codec).decode_into(
-            memoryview(stored), memoryview(dst), header.meta.dtype
+            memoryview(stored), memoryview(dst).cast("B")[: header.raw_len], header.meta.dtype
         )
         if got != header.raw_len:
             raise CorruptBlockError(f"block decoded to {got} bytes, header says {header.raw_len}")

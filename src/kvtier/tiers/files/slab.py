@@ -21,7 +21,9 @@ are served after the same checks but never evicted or counted here (the ledger l
 uncharged), and a failed check on one is a miss (its writer may have reused the slot).
 
 Capacity (the ledger): slots holding blocks plus free slots still holding bytes stay within
-``size``; to make room a put reuses a free slot of its class, else takes a new one, else punches
+``size``; a coded block's slot is its stored size rounded up to a size class
+(:func:`coded_size_class`), so the codec's gain is kept on disk and counted against ``size``;
+to make room a put reuses a free slot of its class, else takes a new one, else punches
 out a free slot of another class (``fallocate(PUNCH_HOLE)``), else evicts. A block of this
 writer that fails its checks raises a ``BlockError`` until it is deleted. Batches on io_uring
 take the ring batch path (``io.batch``); other codecs, unaligned buffers and failed checks take
@@ -89,6 +91,15 @@ class _File:
         self.hollow: list[int] = []  # own slots without a block or counted bytes
         self.sig: tuple[int, int] = (-1, -1)  # (size, mtime) when last scanned (foreign files)
         self.scanned = 0.0
+
+
+def coded_size_class(size: int) -> int:
+    """The slot size a coded block of ``size`` bytes (whole pages) is stored in: rounded up to
+    one of 64 to 128 steps per doubling, so blocks whose coded sizes differ a little share slot
+    files and reuse each other's slots, and the rounding costs under 1/64 of the size."""
+    pages = size // PAGE
+    step = 1 << max(0, pages.bit_length() - 7)
+    return -(-pages // step) * step * PAGE
 
 
 @dataclass(slots=True, eq=False)
@@ -291,6 +302,7 @@ class SlabTier(FileTier):
         return results
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        items = self._coded_items(items)
         results = [False] * len(items)
         if not items:
             return results
@@ -504,7 +516,10 @@ class SlabTier(FileTier):
         with self._lock:
             if not self.ledger.admit(key, n, meta.value):
                 return None
-            place = self._take_slot(max(self.min_slot, PAGE + align_up(n)))
+            size = PAGE + align_up(n)
+            if codec_id:  # coded sizes vary block to block: a few classes, not one per size
+                size = coded_size_class(size)
+            place = self._take_slot(max(self.min_slot, size))
             if place is None:
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())

@@ -97,16 +97,15 @@ def prompt_text(kind: str, seed: int, words: int) -> str | list[dict[str, str]]:
 def prompt_ids(tokenizer, kind: str, seed: int, tokens: int) -> list[int]:
     """Exactly ``tokens`` token ids of a prompt of ``kind``."""
     words = tokens
-    while True:
+    for _ in range(8):
         text = prompt_text(kind, seed, words)
-        if isinstance(text, list):
-            ids = tokenizer.apply_chat_template(text, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
-        else:
-            ids = tokenizer(text)["input_ids"]
+        if isinstance(text, list):  # the template's text, tokenized like any other
+            text = tokenizer.apply_chat_template(text, tokenize=False)
+        ids = list(tokenizer(text)["input_ids"])
         if len(ids) >= tokens:
-            return list(ids[:tokens])
-        words *= 2
+            return ids[:tokens]
+        words = words * 2
+    raise ConfigError(f"could not make a {tokens}-token {kind} prompt")
 
 
 def sample_chunks(n: int, keep: int) -> list[int]:

@@ -187,10 +187,11 @@ def methods(levels: Sequence[int], with_zipnn: bool | None = None) -> list[Metho
 SYNTH_SHAPE = (30, 2, 3, 256, 64)
 
 
-def synthetic_corpora(blocks: int, seed: int = 0) -> dict[str, list[Block]]:
+def synthetic_corpora(
+    blocks: int, seed: int = 0, shape: tuple[int, ...] = SYNTH_SHAPE
+) -> dict[str, list[Block]]:
     """Synthetic bf16 with per-channel scales, random bytes, uniform fp16 noise in [-1, 1)."""
     rng = np.random.default_rng(seed)
-    shape = SYNTH_SHAPE
     synth, rand, uniform = [], [], []
     for _ in range(blocks):
         scale = np.exp2(rng.integers(-6, 3, size=(*shape[:-2], 1, shape[-1])))

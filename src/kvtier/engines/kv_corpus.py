@@ -128,10 +128,12 @@ def load_corpus(
     lengths: Sequence[int] = LENGTHS,
     per_prompt: int = 2,
     progress: Progress | None = None,
+    folder: Path | None = None,
 ) -> list[CorpusItem]:
     """The corpus: for every dtype × kind × length, ``per_prompt`` chunks of the prompt's KV.
 
-    Computed with the embedded model where the cache folder lacks it.
+    Computed with the embedded model where ``folder`` (default: ``kv-corpus`` in the kvtier
+    cache folder) lacks it.
     """
     for kind in kinds:
         if kind not in KINDS:
@@ -143,7 +145,7 @@ def load_corpus(
         raise ConfigError(f"chunks per prompt must be at least 1, got {per_prompt}")
     from kvtier.engines.embedded import cache_dir
 
-    folder = cache_dir() / "kv-corpus"
+    folder = folder or cache_dir() / "kv-corpus"
     items: list[CorpusItem] = []
     for dtype in dtypes:
         loaded = None

@@ -38,7 +38,7 @@ LOW_CODED = 2
 #: dtypes split into two byte planes.
 PLANE_DTYPES = ("bf16", "fp16")
 #: A plane is stored zstd-coded only when that saves at least this share of its bytes.
-PLANE_MIN_GAIN = 1 / 64
+PLANE_MIN_GAIN = 1 / 128
 #: Bytes of the high plane zstd tries first; a sample that does not shrink to
 #: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
 PROBE_BYTES = 64 * 1024

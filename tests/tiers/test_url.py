@@ -399,6 +399,7 @@ def test_common_file_options_are_shared():
         "direct",
         "sync",
         "name",
+        "codec",
     ]
     assert [f.name for f, _ in option_fields(PerBlockOptions)] == [*common, "dirsync", "recycle"]
     assert [f.name for f, _ in option_fields(SlabOptions)] == [*common, "slot", "rescan"]
@@ -409,7 +410,7 @@ def test_describe():
     line = describe(MemoryOptions)
     assert line.startswith("?size=8GiB[&eviction=lru|arc|cost")
     assert "[&slot=1MiB]" in line and "[&pin=auto|1|0]" in line and "[&gil_copy_max=256KiB]" in line
-    assert line.endswith("[&name=NAME]") and "\n" not in line
+    assert line.endswith("[&name=NAME][&codec=raw|zstd|kv]") and "\n" not in line
     line = describe(SlabOptions)
     assert line.startswith("/nvme/kv?size=200GiB[&")
     assert "[&io=auto|threads|uring]" in line and "[&sync=1|0]" in line

@@ -1,19 +1,35 @@
-"""Payload codecs by id. ``raw`` stores bytes as they are; lossless KV codecs register here."""
+"""Payload codecs by id (the id is recorded in every block header).
+
+``raw`` stores bytes as they are, ``zstd`` is zstandard level 1 over the bytes as they are (the
+baseline), ``kv`` is the byte-plane KV codec for 16-bit floats (:mod:`kvtier.codec.planes`).
+Every codec is lossless and returns exactly the bytes it was given.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
+from kvtier.codec.errors import CorruptBlockError
+from kvtier.codec.planes import PlaneCodec
+from kvtier.codec.zstd_frames import gains, zstd_compress, zstd_decompress
 from kvtier.errors import ConfigError
 
 
 class Codec(Protocol):
-    """Turns raw KV bytes into stored bytes and back, losslessly."""
+    """Turns raw KV bytes into stored bytes and back, losslessly.
+
+    ``encode`` gets the element dtype and the block's shape (both from the block's
+    :class:`~kvtier.codec.container.BlockMeta`, the shape may be empty); ``decode_into`` gets
+    only the stored bytes and the dtype, so whatever else decoding needs is in the stored bytes.
+    A stored form that does not decode to at most ``out``'s size raises CorruptBlockError.
+    """
 
     name: ClassVar[str]
     id: ClassVar[int]
 
-    def encode(self, raw: memoryview, dtype: str) -> bytes | memoryview:
+    def encode(
+        self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()
+    ) -> bytes | memoryview:
         """Stored form of ``raw``."""
         ...
 
@@ -28,16 +44,46 @@ class RawCodec:
     name: ClassVar[str] = "raw"
     id: ClassVar[int] = 0
 
-    def encode(self, raw: memoryview, dtype: str) -> memoryview:
+    def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> memoryview:
         return raw
 
     def decode_into(self, stored: memoryview, out: memoryview, dtype: str) -> int:
         n = stored.nbytes
+        if n > out.nbytes:
+            raise CorruptBlockError(
+                f"raw payload of {n} bytes exceeds the {out.nbytes}-byte buffer"
+            )
         out[:n] = stored
         return n
 
 
-CODECS: dict[int, Codec] = {RawCodec.id: RawCodec()}
+class ZstdCodec:
+    """zstandard level 1 over the payload's bytes as they are: the baseline the KV codec beats.
+
+    Stored form: the raw length (u64 little-endian), then one zstd frame.
+    """
+
+    name: ClassVar[str] = "zstd"
+    id: ClassVar[int] = 1
+    level: ClassVar[int] = 1
+
+    def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
+        stored = raw.nbytes.to_bytes(8, "little") + zstd_compress(raw, self.level)
+        return stored if gains(len(stored), raw.nbytes) else None
+
+    def decode_into(self, stored: memoryview, out: memoryview, dtype: str) -> int:
+        if stored.nbytes < 8:
+            raise CorruptBlockError(f"zstd payload of {stored.nbytes} bytes is truncated")
+        n = int.from_bytes(stored[:8], "little")
+        if n > out.nbytes:
+            raise CorruptBlockError(f"zstd payload says {n} bytes, the buffer holds {out.nbytes}")
+        out[:n] = zstd_decompress(stored[8:], n)
+        return n
+
+
+CODECS: dict[int, Codec] = {c.id: c for c in (RawCodec(), ZstdCodec(), PlaneCodec())}
+#: Codec names a tier's ``codec=`` option takes.
+CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODECS.values())
 
 
 def get_codec(which: int | str) -> Codec:

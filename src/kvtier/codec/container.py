@@ -9,12 +9,18 @@ eviction hint). No pickle: every field is a fixed-width number.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import xxhash
 
-from kvtier.codec.codecs import CODECS, get_codec
-from kvtier.errors import KvtierError
+from kvtier.codec.codecs import CODECS, RawCodec, get_codec
+from kvtier.codec.errors import (  # the errors are re-exported from here too
+    BlockError,  # noqa: F401
+    BufferTooSmallError,
+    CorruptBlockError,
+    ForeignBlockError,
+    UnsupportedBlockError,
+)
 
 MAGIC = b"KVTB"
 VERSION = 1
@@ -30,26 +36,6 @@ KEY_OFFSET = CHECKSUM_OFFSET - 32
 VALUE_OFFSET = _FMT.size - 8
 DTYPES = {"u8": 0, "bf16": 1, "fp16": 2, "fp32": 3, "fp8": 4, "int8": 5}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-
-class BlockError(KvtierError):
-    """A stored block cannot be served. The cache counts it as a miss and deletes it."""
-
-
-class CorruptBlockError(BlockError):
-    """Bad magic, a length mismatch, a truncated block or a checksum that does not match."""
-
-
-class ForeignBlockError(BlockError):
-    """The block belongs to another namespace or key (another model, dtype, tenant …)."""
-
-
-class UnsupportedBlockError(BlockError):
-    """The block was written by an unknown format version or codec."""
-
-
-class BufferTooSmallError(KvtierError, ValueError):
-    """The caller's buffer cannot hold the block's raw payload; size it from the header."""
 
 
 @dataclass(frozen=True)
@@ -127,17 +113,32 @@ def header_bytes(
     )
 
 
+def encode_payload(raw: memoryview, meta: BlockMeta) -> tuple[int, BlockMeta, memoryview]:
+    """Encode ``raw`` with ``meta.codec``: (codec id, meta naming the codec used, stored bytes).
+
+    Falls back to raw when the codec declines (its stored form would not gain enough: see
+    :data:`kvtier.codec.zstd_frames.MIN_GAIN`).
+    """
+    codec = get_codec(meta.codec)
+    if codec.id != RawCodec.id:
+        stored = codec.encode(raw, meta.dtype, tuple(meta.shape))
+        if stored is not None:
+            return codec.id, meta, memoryview(stored).cast("B")
+        meta = replace(meta, codec=RawCodec.name)
+    return RawCodec.id, meta, raw
+
+
 def pack_block(
     namespace: bytes, key: bytes, payload, meta: BlockMeta = RAW_META
 ) -> tuple[bytes, memoryview]:
     """Encode ``payload`` with ``meta.codec``; return (header, stored payload) ready to write.
 
     The two parts are returned apart so tiers can write them without joining them in memory.
+    A block its codec does not shrink enough is stored raw.
     """
     raw = memoryview(payload).cast("B")
-    codec = get_codec(meta.codec)
-    stored = memoryview(codec.encode(raw, meta.dtype)).cast("B")
-    header = header_bytes(namespace, key, meta, codec.id, raw.nbytes, stored.nbytes, 0)
+    codec_id, meta, stored = encode_payload(raw, meta)
+    header = header_bytes(namespace, key, meta, codec_id, raw.nbytes, stored.nbytes, 0)
     h = xxhash.xxh3_64(header)
     h.update(stored)
     header = (
@@ -224,7 +225,9 @@ def unpack_into(
             f"buffer of {target.nbytes} bytes cannot hold a {header.raw_len}-byte block"
         )
     stored = view[HEADER_SIZE : header.total_len]
-    n = get_codec(header.meta.codec).decode_into(stored, target, header.meta.dtype)
+    n = get_codec(header.meta.codec).decode_into(
+        stored, target[: header.raw_len], header.meta.dtype
+    )
     if n != header.raw_len:
         raise CorruptBlockError(f"block decoded to {n} bytes, header says {header.raw_len}")
     return header

@@ -231,12 +231,19 @@ class MeasuredCompute:
 
 @dataclass(frozen=True)
 class TierFit:
-    """One tier's measured load curve (lookup + read into host buffers), and what it was."""
+    """One tier's measured load curve (lookup + read into host buffers), and what it was.
+
+    The curve is measured on KV-like chunks through the tier's codec, so it holds the smaller
+    read and the decode; ``codec_ratio`` is the raw bytes per stored byte (headers and slot
+    rounding included) the tier reached on them, i.e. how many more tokens its capacity holds.
+    """
 
     name: str
     url: str
     load: TransferFit
     notes: tuple[str, ...] = ()
+    codec: str = "raw"
+    codec_ratio: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -324,7 +331,13 @@ class CalibrationProfile:
             "decode": fit(self.decode),
             "device_copy": fit(self.device_copy),
             "tiers": {
-                name: {"url": t.url, "notes": list(t.notes), "load": fit(t.load)}
+                name: {
+                    "url": t.url,
+                    "notes": list(t.notes),
+                    "load": fit(t.load),
+                    "codec": t.codec,
+                    "codec_ratio": t.codec_ratio,
+                }
                 for name, t in self.tiers.items()
             },
         }
@@ -347,7 +360,14 @@ class CalibrationProfile:
                 return kind(**raw, samples=samples)
 
             tiers = {
-                name: TierFit(name, str(t["url"]), fit(TransferFit, t["load"]), tuple(t["notes"]))
+                name: TierFit(
+                    name,
+                    str(t["url"]),
+                    fit(TransferFit, t["load"]),
+                    tuple(t["notes"]),
+                    str(t.get("codec", "raw")),
+                    float(t.get("codec_ratio", 1.0)),
+                )
                 for name, t in data.get("tiers", {}).items()
             }
             return cls(

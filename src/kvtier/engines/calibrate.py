@@ -190,22 +190,34 @@ def calibration_keys(count: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(f"kvtier-calibration\x00{i}".encode()) for i in range(count)]
 
 
+def kv_like_chunk(layout: KVLayout, chunk_tokens: int, rng: np.random.Generator) -> np.ndarray:
+    """A synthetic chunk shaped and scaled like KV (a normal value per element, one power-of-two
+    scale per channel), as bytes: what a tier's codec sees from a real model, roughly."""
+    shape = layout.chunk_shape(chunk_tokens)
+    scale = np.exp2(rng.integers(-6, 3, size=(*shape[:-2], 1, shape[-1])))
+    x = torch.from_numpy((rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32))
+    return x.to(layout.dtype).contiguous().view(torch.uint8).reshape(-1).numpy().copy()
+
+
 def measure_tier_load(
     tier, layout: KVLayout, plan: CalibrationPlan
-) -> tuple[list[tuple[int, float]], tuple[str, ...]]:
-    """(bytes, s) of loading k chunks from ``tier`` through a TieredCache, and the tier's notes.
+) -> tuple[list[tuple[int, float]], tuple[str, ...], float]:
+    """(bytes, s) of loading k chunks from ``tier`` through a TieredCache, the tier's notes and
+    the codec ratio it reached (raw bytes per stored byte).
 
-    Writes ``max(plan.load_chunks)`` synthetic chunks, reads them back, then deletes them.
+    Writes ``max(plan.load_chunks)`` KV-like chunks (:func:`kv_like_chunk`, so a coded tier
+    codes them as it would real KV), reads them back, then deletes them.
     """
     count = max(plan.load_chunks)
     keys = calibration_keys(count)
     meta = layout.meta(plan.chunk_tokens)
     rng = np.random.default_rng(plan.seed)
     chunk_bytes = layout.chunk_bytes(plan.chunk_tokens)
-    payloads = [rng.integers(0, 256, chunk_bytes, dtype=np.uint8) for _ in range(count)]
+    payloads = [kv_like_chunk(layout, plan.chunk_tokens, rng) for _ in range(count)]
     cache = TieredCache([tier], CacheConfig(chunk_tokens=plan.chunk_tokens, queue_chunks=count))
     staging = HostStaging(layout, plan.chunk_tokens, capacity=count)
     outs = staging.outs(count)
+    used_before = tier.usage().used_bytes
     try:
         cache.store(keys, payloads, meta, copy=False)
         if not cache.flush(timeout=300) or cache.lookup(keys).hit_chunks < count:
@@ -213,6 +225,8 @@ def measure_tier_load(
                 f"tier {tier.name!r} did not keep {count} chunks of {chunk_bytes} bytes; "
                 "give it more room (?size=...) or calibrate with fewer/smaller chunks"
             )
+        stored = tier.usage().used_bytes - used_before
+        ratio = count * chunk_bytes / stored if stored > 0 else 1.0
         samples = []
         for k in plan.load_chunks:
             best = float("inf")
@@ -230,7 +244,7 @@ def measure_tier_load(
         cache.close()
         tier.delete_many(keys)
     notes = tuple(getattr(tier.usage(), "notes", ()) or ())
-    return samples, notes
+    return samples, notes, ratio
 
 
 def host_info(device: torch.device) -> dict[str, object]:
@@ -281,8 +295,9 @@ def calibrate(
     progress("device copy", 1, 1)
     fits = {}
     for i, (url, tier) in enumerate(tiers):
-        samples, notes = measure_tier_load(tier, layout, plan)
-        fits[tier.name] = TierFit(tier.name, url, fit_transfer(samples), notes)
+        samples, notes, ratio = measure_tier_load(tier, layout, plan)
+        codec = getattr(tier, "codec", "raw")
+        fits[tier.name] = TierFit(tier.name, url, fit_transfer(samples), notes, codec, ratio)
         progress("tiers", i + 1, len(tiers))
     return CalibrationProfile(
         model=ProfileModel(

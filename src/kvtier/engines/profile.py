@@ -221,8 +221,10 @@ def obtain_profile(
         measured = []
         for url, tier in missing:
             note(f"calibrating {tier.name}")
-            samples, notes = measure_tier_load(tier, layout, cal)
-            fits[tier.name] = TierFit(tier.name, url, fit_transfer(samples), notes)
+            samples, notes, ratio = measure_tier_load(tier, layout, cal)
+            fits[tier.name] = TierFit(
+                tier.name, url, fit_transfer(samples), notes, tier.codec, ratio
+            )
             measured.append(tier.name)
         copy = base.device_copy
         if copy is None:

@@ -399,7 +399,7 @@ def check_break_even(
         need = 2 * max(lengths) * (layout.chunk_bytes(chunk_tokens) + 8192)
         tier = open_tier(roomy(url, need), ns.id)
         try:
-            samples, _ = measure_tier_load(tier, layout, plan)
+            samples, _, _ = measure_tier_load(tier, layout, plan)
         finally:
             tier.close()
         copies = dict(measure_device_copy(layout, plan, model.device))

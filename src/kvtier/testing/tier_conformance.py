@@ -328,7 +328,7 @@ class TierConformance:
         self._needs_eviction(tier)
         key = make_key(1)
         before = tier.usage()
-        assert tier.put(key, np.zeros(cap + 1, np.uint8)) is False
+        assert tier.put(key, make_payload(key, 0, cap + 1)) is False
         assert not tier.contains(key)
         assert tier.usage().blocks == before.blocks
 

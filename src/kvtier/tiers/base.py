@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import parse_qs, urlparse
 
-from kvtier.codec import BlockError, BlockHeader, BlockMeta
+from kvtier.codec import BlockError, BlockHeader, BlockMeta, get_codec
 from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError
 
@@ -92,11 +92,14 @@ class Tier(ABC):
     scheme: ClassVar[str]
     capabilities: ClassVar[TierCapabilities]
 
-    def __init__(self, namespace: bytes, name: str | None = None):
+    def __init__(self, namespace: bytes, name: str | None = None, codec: str = "raw"):
         if len(namespace) != 16:
             raise ConfigError("a tier needs the 16-byte namespace id (Namespace.id)")
         self.namespace = namespace
         self.name = name or self.scheme
+        #: The codec the tier stores blocks with (``codec=``); the header of each block records
+        #: the one used (raw where the codec did not gain).
+        self.codec = get_codec(codec).name
         self._eviction_listeners: list[EvictionListener] = []
         self._spill_listeners: list[SpillListener] = []
         self._pinned: PinPredicate | None = None
@@ -181,6 +184,11 @@ class Tier(ABC):
     def spilling(self) -> bool:
         """Whether anyone listens for spills (a tier may skip decoding victims when not)."""
         return bool(self._spill_listeners)
+
+    def _coded(self, meta: BlockMeta) -> BlockMeta:
+        """``meta`` naming this tier's codec: a tier stores every block with its own codec,
+        whatever the block was stored with where it came from."""
+        return meta if meta.codec == self.codec else replace(meta, codec=self.codec)
 
     def _notify_spilling(self, key: bytes, payload, meta: BlockMeta) -> None:
         view = memoryview(payload).toreadonly()

@@ -24,6 +24,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import quote
 
+from kvtier.codec.codecs import CODEC_NAMES
 from kvtier.errors import ConfigError
 from kvtier.policy.eviction import POLICIES
 from kvtier.specs.units import GiB, KiB, MiB, TiB, parse_size
@@ -34,6 +35,8 @@ KINDS: tuple[str, ...] = get_args(Kind)
 
 #: The ``eviction=`` names (:data:`kvtier.policy.eviction.POLICIES`).
 EVICTION_CHOICES: tuple[str, ...] = tuple(POLICIES)
+#: The ``codec=`` names (:data:`kvtier.codec.CODEC_NAMES`).
+CODEC_CHOICES: tuple[str, ...] = CODEC_NAMES
 #: The disk tiers' ``io=`` backends.
 IO_CHOICES: tuple[str, ...] = ("auto", "threads", "uring")
 
@@ -435,6 +438,7 @@ def _placeholder(name: str, spec: OptionSpec) -> str:
 
 
 __all__ = [
+    "CODEC_CHOICES",
     "EVICTION_CHOICES",
     "IO_CHOICES",
     "KINDS",

@@ -175,7 +175,7 @@ class XorCodec:
     name = "test-xor"
     id = 251
 
-    def encode(self, raw, dtype):
+    def encode(self, raw, dtype, shape=()):
         return (np.frombuffer(raw, np.uint8) ^ 0x5A).tobytes()
 
     def decode_into(self, stored, out, dtype):
@@ -190,9 +190,9 @@ def test_encoded_payloads(tmp_path: Path, monkeypatch, tier_kind: str):
     from kvtier.tiers.memory import MemoryTier
 
     tier = (
-        DiskTier(NS_A, tmp_path, 16 * MiB)
+        DiskTier(NS_A, tmp_path, 16 * MiB, codec="test-xor")
         if tier_kind == "disk"
-        else MemoryTier(NS_A, 16 * MiB, slot_size=64 * 1024, pin=False)
+        else MemoryTier(NS_A, 16 * MiB, slot_size=64 * 1024, pin=False, codec="test-xor")
     )
     meta = BlockMeta(codec="test-xor")
     sizes = [30, 3 * PAGE, 150_000]

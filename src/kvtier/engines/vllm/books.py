@@ -24,14 +24,17 @@ HOST_MEMORY_DIRS = ("/dev/shm/",)
 
 
 def tier_url(url: str) -> str:
-    """``url`` with a name that says what it is: ``host`` for a tier in host memory (/dev/shm)
-    without a ``name=`` of its own."""
+    """``url`` of a tier in host memory (/dev/shm) with a name that says so (``host``, unless it
+    has a ``name=``) and, unless it has a ``codec=``, stored raw like ``memory://`` (host
+    memory is fast enough that decoding would cost more than the bytes it saves)."""
     parsed = TierURL.parse(url)
-    if parsed.scheme in ("slab", "file") and "name" not in parsed.options:
-        path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
-        if path.startswith(HOST_MEMORY_DIRS):
-            return replace_options(url, name="host")
-    return url
+    if parsed.scheme not in ("slab", "file"):
+        return url
+    path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
+    if not path.startswith(HOST_MEMORY_DIRS):
+        return url
+    changes = {k: v for k, v in (("name", "host"), ("codec", "raw")) if k not in parsed.options}
+    return replace_options(url, **changes) if changes else url
 
 
 def open_cache(

@@ -79,8 +79,9 @@ class FileTier(Tier):
         direct: bool | None = None,
         sync: bool = True,
         name: str | None = None,
+        codec: str = "kv",
     ):
-        super().__init__(namespace, name or self.default_name)
+        super().__init__(namespace, name or self.default_name, codec)
         if capacity <= 0:
             raise ConfigError(f"{self.scheme}:// tier size must be positive, got {capacity}")
         if staging is not None and staging < 0:
@@ -121,6 +122,14 @@ class FileTier(Tier):
 
     def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
         return self.put_many([(key, payload, meta)])[0]
+
+    def _coded_items(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]]
+    ) -> Sequence[tuple[bytes, object, BlockMeta]]:
+        """``items`` with each meta naming this tier's codec."""
+        if all(m.codec == self.codec for _, _, m in items):
+            return items
+        return [(k, p, self._coded(m)) for k, p, m in items]
 
     def iter_keys(self) -> Iterator[bytes]:
         with self._lock:

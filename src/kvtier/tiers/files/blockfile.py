@@ -136,7 +136,8 @@ def _decode(plan: ReadPlan, header: BlockHeader, tail: np.ndarray, pool: BufferP
     try:
         verify_parts(plan.scratch[:HEADER_SIZE], (tail,), header)
         codec = get_codec(header.meta.codec)
-        n = codec.decode_into(memoryview(tail), plan.target, header.meta.dtype)
+        target = memoryview(plan.target).cast("B")[: header.raw_len]
+        n = codec.decode_into(memoryview(tail), target, header.meta.dtype)
         if n != header.raw_len:
             raise CorruptBlockError(f"block decoded to {n} bytes, header says {header.raw_len}")
     finally:

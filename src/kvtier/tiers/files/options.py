@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.tiers.url import EVICTION_CHOICES, IO_CHOICES, UrlOptions, opt, size_text
+from kvtier.tiers.url import (
+    CODEC_CHOICES,
+    EVICTION_CHOICES,
+    IO_CHOICES,
+    UrlOptions,
+    opt,
+    size_text,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +43,9 @@ class FileTierOptions(UrlOptions):
     )
     sync: bool = opt("switch", True, help="writes with O_DSYNC")
     name: str | None = opt("str", None, help="the tier's name in stats")
+    codec: str = opt(
+        "choice", "kv", choices=CODEC_CHOICES, help="how blocks are stored (raw: as they are)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

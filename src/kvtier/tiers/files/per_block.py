@@ -197,6 +197,7 @@ class DiskTier(FileTier):
         return results
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        items = self._coded_items(items)
         results = [False] * len(items)
         try:
             todo: Sequence[int] = range(len(items))

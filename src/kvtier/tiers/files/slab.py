@@ -21,7 +21,9 @@ are served after the same checks but never evicted or counted here (the ledger l
 uncharged), and a failed check on one is a miss (its writer may have reused the slot).
 
 Capacity (the ledger): slots holding blocks plus free slots still holding bytes stay within
-``size``; to make room a put reuses a free slot of its class, else takes a new one, else punches
+``size``; a coded block's slot is its stored size rounded up to a size class
+(:func:`coded_size_class`), so the codec's gain is kept on disk and counted against ``size``;
+to make room a put reuses a free slot of its class, else takes a new one, else punches
 out a free slot of another class (``fallocate(PUNCH_HOLE)``), else evicts. A block of this
 writer that fails its checks raises a ``BlockError`` until it is deleted. Batches on io_uring
 take the ring batch path (``io.batch``); other codecs, unaligned buffers and failed checks take
@@ -57,7 +59,7 @@ from kvtier.codec import (
     get_codec,
     parse_header,
 )
-from kvtier.codec.container import header_bytes
+from kvtier.codec.container import encode_payload, header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions
@@ -89,6 +91,15 @@ class _File:
         self.hollow: list[int] = []  # own slots without a block or counted bytes
         self.sig: tuple[int, int] = (-1, -1)  # (size, mtime) when last scanned (foreign files)
         self.scanned = 0.0
+
+
+def coded_size_class(size: int) -> int:
+    """The slot size a coded block of ``size`` bytes (whole pages) is stored in: rounded up to
+    one of 64 to 128 steps per doubling, so blocks whose coded sizes differ a little share slot
+    files and reuse each other's slots, and the rounding costs under 1/64 of the size."""
+    pages = size // PAGE
+    step = 1 << max(0, pages.bit_length() - 7)
+    return -(-pages // step) * step * PAGE
 
 
 @dataclass(slots=True, eq=False)
@@ -291,6 +302,7 @@ class SlabTier(FileTier):
         return results
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        items = self._coded_items(items)
         results = [False] * len(items)
         if not items:
             return results
@@ -408,7 +420,11 @@ class SlabTier(FileTier):
                     ok = h.intdigest() == header.checksum
                     if ok:
                         codec = get_codec(header.meta.codec)
-                        n = codec.decode_into(memoryview(body), read.target, header.meta.dtype)
+                        n = codec.decode_into(
+                            memoryview(body),
+                            memoryview(read.target).cast("B")[: header.raw_len],
+                            header.meta.dtype,
+                        )
                         if n != header.raw_len:
                             raise CorruptBlockError(
                                 f"block decoded to {n} bytes, header says {header.raw_len}"
@@ -495,17 +511,19 @@ class SlabTier(FileTier):
         """Admit, encode and place a block: its index entry-to-be (header, slot) and stored
         bytes; None when not admitted or there is no room."""
         raw = memoryview(payload).cast("B")
-        codec = get_codec(meta.codec)
-        stored = raw if codec.name == "raw" else memoryview(codec.encode(raw, meta.dtype)).cast("B")
+        codec_id, meta, stored = encode_payload(raw, meta)
         n = stored.nbytes
         with self._lock:
             if not self.ledger.admit(key, n, meta.value):
                 return None
-            place = self._take_slot(max(self.min_slot, PAGE + align_up(n)))
+            size = PAGE + align_up(n)
+            if codec_id:  # coded sizes vary block to block: a few classes, not one per size
+                size = coded_size_class(size)
+            place = self._take_slot(max(self.min_slot, size))
             if place is None:
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())
-        zeroed = header_bytes(self.namespace, key, meta, codec.id, raw.nbytes, n, 0)
+        zeroed = header_bytes(self.namespace, key, meta, codec_id, raw.nbytes, n, 0)
         head, checksum, seed = _short.seal(zeroed[:SEQ_AT] + seq.to_bytes(8, "little"), stored)
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored

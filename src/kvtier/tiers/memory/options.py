@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.tiers.url import EVICTION_CHOICES, UrlOptions, opt, size_text
+from kvtier.tiers.url import CODEC_CHOICES, EVICTION_CHOICES, UrlOptions, opt, size_text
 
 #: Blocks up to this many bytes are copied holding the GIL (``gil_copy_max=``'s default).
 GIL_COPY_MAX = 256 * 1024
@@ -39,6 +39,9 @@ class MemoryOptions(UrlOptions):
         "tristate", None, help="the one-block read in C (auto: where it is built)"
     )
     name: str | None = opt("str", None, help="the tier's name in stats (default: memory)")
+    codec: str = opt(
+        "choice", "raw", choices=CODEC_CHOICES, help="how blocks are stored (kv: compressed KV)"
+    )
 
     def check(self) -> None:
         """A slot larger than the capacity could never be filled."""

@@ -4,7 +4,9 @@ Every block (its 128-byte header, then the stored payload) lives in fixed-size s
 arena (``arena``): the slot size comes from ``slot=`` or, by default, from the first block put
 (rounded up to 4 KiB), so same-sized KV chunks take one slot each; a payload of whole pages then
 starts on the slot's second page, as aligned as the caller's buffers. A larger block spans
-several slots. Slots are reused: no buffer is allocated per block on the hot path. The books
+several slots. With a codec (``codec=``, off by default) blocks differ in size, so the default
+slot is a sixteenth of the first block: a coded block takes the slots its stored size needs.
+Slots are reused: no buffer is allocated per block on the hot path. The books
 (index, bytes, eviction order) are a :class:`~kvtier.tiers.ledger.BlockLedger`, whose index is a
 plain dict that readers look keys up in without the tier lock.
 
@@ -70,6 +72,10 @@ _TOUCH_MAX = 1024
 _TOUCH_WAIT = 16 * _TOUCH_MAX  # ... and before a reader waits for the lock to apply them
 
 
+#: With a codec, the default slot is this fraction of the first block (see ``_make_arena``).
+CODED_SLOTS_PER_BLOCK = 16
+
+
 @dataclass(slots=True, eq=False)
 class _Block:
     slots: list[int]
@@ -104,8 +110,9 @@ class MemoryTier(Tier):
         gil_copy_max: int = GIL_COPY_MAX,
         native: bool | None = None,
         name: str | None = None,
+        codec: str = "raw",
     ):
-        super().__init__(namespace, name or "memory")
+        super().__init__(namespace, name or "memory", codec)
         if native and _native_get1 is None:
             raise ConfigError(
                 "native=1: kvtier's C read path is not built here (reinstall kvtier with a C "
@@ -275,7 +282,7 @@ class MemoryTier(Tier):
         return results
 
     def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
-        header_bytes, stored = pack_block(self.namespace, key, payload, meta)
+        header_bytes, stored = pack_block(self.namespace, key, payload, self._coded(meta))
         total = HEADER_SIZE + stored.nbytes
         evicted: list[bytes] = []
         try:
@@ -343,7 +350,10 @@ class MemoryTier(Tier):
 
     # --- internals ---------------------------------------------------------------------------
     def _make_arena(self, first_block: int) -> SlabArena:
-        slot = self._slot_size or min(max(PAGE, align_up(first_block)), self.capacity)
+        # coded blocks differ in size: slots of a sixteenth of the first one keep the rounding
+        # of each block to whole slots small instead of rounding the codec's gain away
+        share = 1 if self.codec == "raw" else CODED_SLOTS_PER_BLOCK
+        slot = self._slot_size or min(max(PAGE, align_up(-(-first_block // share))), self.capacity)
         self._arena = SlabArena(self.capacity, slot, self.pinned)
         self.ledger.capacity = self.ledger.limit = self._arena.slots * slot
         return self._arena
@@ -440,7 +450,7 @@ class MemoryTier(Tier):
             return header
         stored = parts[0] if len(parts) == 1 else np.concatenate(parts)
         got = get_codec(header.meta.codec).decode_into(
-            memoryview(stored), memoryview(dst), header.meta.dtype
+            memoryview(stored), memoryview(dst).cast("B")[: header.raw_len], header.meta.dtype
         )
         if got != header.raw_len:
             raise CorruptBlockError(f"block decoded to {got} bytes, header says {header.raw_len}")

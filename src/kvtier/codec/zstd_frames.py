@@ -1,0 +1,42 @@
+"""zstd frames with checked sizes, for the codecs (zstandard, one fresh context per call)."""
+
+from __future__ import annotations
+
+import zstandard
+
+from kvtier.codec.errors import CorruptBlockError
+
+#: A codec stores a block encoded only when that saves at least this share of its raw bytes;
+#: below it the block is stored raw (and its header says so).
+MIN_GAIN = 1 / 32
+
+
+def gains(stored: int, raw: int) -> bool:
+    """Whether ``stored`` bytes in place of ``raw`` save at least :data:`MIN_GAIN`."""
+    return stored <= raw * (1 - MIN_GAIN)
+
+
+def zstd_compress(data, level: int = 1) -> bytes:
+    """One zstd frame of ``data`` with its content size (a fresh context: thread-safe)."""
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def zstd_decompress(frame, size: int) -> bytes:
+    """The ``size`` bytes one zstd frame holds; CorruptBlockError for anything else.
+
+    The frame's declared content size is checked before anything is allocated, so a corrupt
+    frame can neither make it allocate more than ``size`` nor return fewer or more bytes.
+    """
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlockError(f"zstd frame header unreadable: {exc}") from None
+    if declared != size:
+        raise CorruptBlockError(f"zstd frame declares {declared} bytes, expected {size}")
+    try:
+        out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlockError(f"zstd frame does not decode: {exc}") from None
+    if len(out) != size:
+        raise CorruptBlockError(f"zstd frame decoded to {len(out)} bytes, expected {size}")
+    return out

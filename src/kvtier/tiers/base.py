@@ -190,6 +190,14 @@ class Tier(ABC):
         whatever the block was stored with where it came from."""
         return meta if meta.codec == self.codec else replace(meta, codec=self.codec)
 
+    def _coded_items(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]]
+    ) -> Sequence[tuple[bytes, object, BlockMeta]]:
+        """``items`` with each meta naming this tier's codec."""
+        if all(m.codec == self.codec for _, _, m in items):
+            return items
+        return [(k, p, self._coded(m)) for k, p, m in items]
+
     def _notify_spilling(self, key: bytes, payload, meta: BlockMeta) -> None:
         view = memoryview(payload).toreadonly()
         for listener in self._spill_listeners:

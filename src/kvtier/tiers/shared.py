@@ -21,7 +21,7 @@ from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block, unpack_
 from kvtier.codec.container import RAW_META
 from kvtier.errors import TierUnavailableError
 from kvtier.tiers.base import Tier
-from kvtier.tiers.url import UrlOptions, opt
+from kvtier.tiers.url import CODEC_CHOICES, UrlOptions, opt
 
 log = logging.getLogger("kvtier.tiers")
 
@@ -45,6 +45,9 @@ class SharedOptions(UrlOptions):
         "switch", False, help="open even when the server does not answer (logged, degraded)"
     )
     name: str | None = opt("str", None, help="the tier's name in stats")
+    codec: str = opt(
+        "choice", "kv", choices=CODEC_CHOICES, help="how blocks are stored (raw: as they are)"
+    )
 
 
 def object_name(prefix: str, namespace: bytes, key: bytes, sep: str = ":") -> str:

@@ -58,5 +58,6 @@ def test_a_host_memory_tier_is_named_host_unless_it_has_a_name():
     assert "name=host" not in tier_url("slab:///var/kv?size=1GiB")
     assert "name=dram" in tier_url("slab:///dev/shm/kv?size=1GiB&name=dram")
     assert "codec=raw" in tier_url("slab:///dev/shm/kv?size=1GiB&name=dram")  # host memory
-    assert "codec" not in tier_url("slab:///var/kv?size=1GiB")  # a disk: the default, kv
+    assert "codec=raw" in tier_url("slab:///var/kv?size=1GiB")  # a disk: raw unless asked
+    assert "codec=kv" in tier_url("slab:///var/kv?size=1GiB&codec=kv")
     assert "codec=raw" not in tier_url("slab:///dev/shm/kv?size=1GiB&codec=kv")  # as asked

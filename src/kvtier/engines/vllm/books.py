@@ -11,12 +11,14 @@ first tier.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from kvtier.cache import CacheConfig, TieredCache
 from kvtier.cache.config import TierOptions
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.keys import Namespace
 from kvtier.tiers.base import TierURL
-from kvtier.tiers.registry import open_tier
+from kvtier.tiers.registry import open_tier, options_class
 from kvtier.tiers.url import replace_options
 
 #: Where a directory tier is host memory (tmpfs) rather than a disk.
@@ -24,16 +26,24 @@ HOST_MEMORY_DIRS = ("/dev/shm/",)
 
 
 def tier_url(url: str) -> str:
-    """``url`` of a tier in host memory (/dev/shm) with a name that says so (``host``, unless it
-    has a ``name=``) and, unless it has a ``codec=``, stored raw like ``memory://`` (host
-    memory is fast enough that decoding would cost more than the bytes it saves)."""
+    """``url`` as the connector opens it: a tier in host memory (/dev/shm) named ``host`` unless
+    it has a ``name=``, and every tier stored raw unless its URL names a ``codec=``.
+
+    Raw by default: the connector's loads sit on a request's way to its first token, and on a
+    CPU host decoding runs slower than a local disk reads raw blocks (``kvtier bench codec``
+    against ``kvtier bench storage``), so a codec trades latency for capacity: ask for it
+    (``codec=kv``) where capacity is what is short."""
     parsed = TierURL.parse(url)
-    if parsed.scheme not in ("slab", "file"):
+    changes: dict[str, str] = {}
+    cls = options_class(parsed.scheme)
+    if cls is None:  # a tier without typed options: opened as given
         return url
-    path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
-    if not path.startswith(HOST_MEMORY_DIRS):
-        return url
-    changes = {k: v for k, v in (("name", "host"), ("codec", "raw")) if k not in parsed.options}
+    if "codec" not in parsed.options and "codec" in {f.name for f in fields(cls)}:
+        changes["codec"] = "raw"
+    if parsed.scheme in ("slab", "file") and "name" not in parsed.options:
+        path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
+        if path.startswith(HOST_MEMORY_DIRS):
+            changes["name"] = "host"
     return replace_options(url, **changes) if changes else url
 
 

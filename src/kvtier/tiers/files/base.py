@@ -123,14 +123,6 @@ class FileTier(Tier):
     def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
         return self.put_many([(key, payload, meta)])[0]
 
-    def _coded_items(
-        self, items: Sequence[tuple[bytes, object, BlockMeta]]
-    ) -> Sequence[tuple[bytes, object, BlockMeta]]:
-        """``items`` with each meta naming this tier's codec."""
-        if all(m.codec == self.codec for _, _, m in items):
-            return items
-        return [(k, p, self._coded(m)) for k, p, m in items]
-
     def iter_keys(self) -> Iterator[bytes]:
         with self._lock:
             keys = list(self._index)

@@ -55,7 +55,7 @@ class RedisTier(SharedTier):
         options: RedisOptions | None = None,
     ):
         self.options = o = options or RedisOptions()
-        super().__init__(namespace, o.name or "redis")
+        super().__init__(namespace, o.name or "redis", o.codec)
         self.address = f"{host}:{port}/{db}"
         self.refused_puts = 0
         self._count_lock = threading.Lock()
@@ -205,6 +205,7 @@ class RedisTier(SharedTier):
         return values
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        items = self._coded_items(items)
         out: list[bool] = []
         for run in batches(items, self.options.batch):
             out += self._put_run(run)

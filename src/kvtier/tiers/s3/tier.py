@@ -48,7 +48,7 @@ class S3Tier(SharedTier):
         self, namespace: bytes, bucket: str, path: str = "", options: S3Options | None = None
     ):
         self.options = o = options or S3Options()
-        super().__init__(namespace, o.name or "s3")
+        super().__init__(namespace, o.name or "s3", o.codec)
         if len(bucket) < 3:
             raise ConfigError(f"s3:// bucket name {bucket!r} is too short (3 characters at least)")
         self.bucket = bucket
@@ -214,6 +214,7 @@ class S3Tier(SharedTier):
         return results
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
+        items = self._coded_items(items)
         encoded = [(k, encode(self.namespace, k, p, m)) for k, p, m in items]
         nbytes = sum(len(d) for _, d in encoded)
         for _, data in encoded:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
+from functools import partial
 
 from kvtier.cli.main import app
+from kvtier.testing.cli import run_cli
 
-
-def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process as the console script does; (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: The CLI run in-process: kvtier(monkeypatch, capsys, *args) → (exit code, stdout, stderr).
+kvtier = partial(run_cli, app)
 
 
 def tiny(tmp_path) -> list[str]:

@@ -4,24 +4,17 @@ one-line refusals; the real corpus comes from the model's KV, chunked as the tie
 from __future__ import annotations
 
 import json
-import sys
+from functools import partial
 
 import numpy as np
 import pytest
 
 from kvtier.bench.codec import CodecBenchConfig, measure, methods, synthetic_corpora
 from kvtier.cli.main import app
+from kvtier.testing.cli import run_cli
 
-
-def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: The CLI run in-process: kvtier(monkeypatch, capsys, *args) → (exit code, stdout, stderr).
+kvtier = partial(run_cli, app)
 
 
 def test_every_method_round_trips_every_synthetic_corpus():

@@ -8,6 +8,7 @@ import json
 import sys
 import textwrap
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ from kvtier.bench.serve_results import (
 from kvtier.cli.main import app
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.errors import ConfigError
+from kvtier.testing.cli import run_cli
 
 DATA = Path(__file__).parent / "data"
 PREFIX_FILE = DATA / "vllm_bench_serve_prefix_repetition.json"
@@ -560,15 +562,8 @@ def test_client_worker_round_trip(monkeypatch, tmp_path):
 
 
 # --- the CLI -------------------------------------------------------------------------------------
-def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: The CLI run in-process: kvtier(monkeypatch, capsys, *args) → (exit code, stdout, stderr).
+kvtier = partial(run_cli, app)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from functools import partial
 
 import pytest
 
@@ -19,20 +20,12 @@ from kvtier.run.vllm_job import (
     kv_transfer_config,
     tier_urls,
 )
+from kvtier.testing.cli import run_cli
 from kvtier.tiers.registry import check_tier_url
 from kvtier.workloads.longctx import LongContextSpec
 
-
-def kvtier(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process as the console script does; (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["kvtier", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+#: The CLI run in-process: kvtier(monkeypatch, capsys, *args) → (exit code, stdout, stderr).
+kvtier = partial(run_cli, app)
 
 
 def test_config_checks():

@@ -39,7 +39,7 @@ HF_ONLY = (
     "doc_tokens", "rag_requests", "question_tokens", "agent_sessions", "agent_steps",
     "tool_tokens", "tool_pause",
 )  # fmt: skip
-VLLM_ONLY = ("pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir")
+VLLM_ONLY = ("pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir", "workload")
 #: Defaults that differ by engine (None on the command line: the engine's own).
 HF_DEFAULTS = {"chunk_tokens": 64, "dram_size": "8MiB", "disk_size": "4GiB", "max_new_tokens": 6}
 
@@ -113,6 +113,13 @@ def run_command(
     shm_dir: Annotated[
         Path, typer.Option(help="vllm: where kvtier's host-memory tier lives (a tmpfs).")
     ] = Path("/dev/shm"),
+    workload: Annotated[
+        Path | None,
+        typer.Option(
+            help="vllm: a JSON or TOML file of workload fields (chat_sessions, doc_tokens, …; "
+            "see kvtier.workloads.longctx.LongContextSpec) instead of the default workload."
+        ),
+    ] = None,
     tier: Annotated[
         list[str] | None,
         typer.Option(
@@ -218,6 +225,8 @@ def run_command(
             scale=scale,
             kvtier=kvtier,
             shm_dir=shm_dir,
+            workload=workload,
+            seed_given=_given(ctx, "seed"),
             keep=keep,
             seed=seed,
             max_new_tokens=max_new_tokens,
@@ -323,6 +332,10 @@ class VllmArgs:
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
         spec = LongContextSpec(seed=v["seed"])
+        if v["workload"] is not None:
+            spec = LongContextSpec.from_file(v["workload"])
+            if v.get("seed_given"):
+                spec = replace(spec, seed=v["seed"])
         if v["max_new_tokens"] is not None:
             if v["max_new_tokens"] < 1:
                 raise ConfigError("--max-new-tokens must be at least 1")

@@ -20,9 +20,12 @@ placeholder answers, for sizing and for a simulator. Nothing here talks to an en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -92,6 +95,48 @@ class LongContextSpec:
                 f"first prompts shorter than {self.min_prompt_tokens} tokens: {named}; "
                 "give longer openings, documents, tasks or repositories"
             )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "workload") -> LongContextSpec:
+        """A spec from plain values (a JSON/TOML table): unknown names and wrong kinds are a
+        ConfigError naming them; missing ones keep their defaults."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown workload field(s) {', '.join(unknown)}; known: "
+                + ", ".join(sorted(known))
+            )
+        kinds = {"int": int, "float": (int, float), "tuple[int, int]": (list, tuple)}
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            want = kinds.get(str(known[name].type))
+            if want is None or isinstance(value, bool) or not isinstance(value, want):
+                raise ConfigError(f"{where}: {name} = {value!r} is not a {known[name].type}")
+            if name == "vocab":
+                if len(value) != 2 or not all(isinstance(v, int) for v in value):
+                    raise ConfigError(f"{where}: vocab is [low, high], got {value!r}")
+                value = (int(value[0]), int(value[1]))
+            out[name] = value
+        return cls(**out)
+
+    @classmethod
+    def from_file(cls, path: Path) -> LongContextSpec:
+        """A spec from a JSON or TOML file of its fields (see :meth:`from_mapping`)."""
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the workload file ({exc.strerror})") from None
+        try:
+            is_toml = path.suffix.lower() == ".toml"
+            values = tomllib.loads(text) if is_toml else json.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(
+                f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
+            ) from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: a workload file holds one table of fields")
+        return cls.from_mapping(values, str(path))
 
     def first_prompt_tokens(self) -> dict[Kind, int]:
         """Length of the first prompt of each kind of session present in the workload."""

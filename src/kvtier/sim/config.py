@@ -1,0 +1,136 @@
+"""What one simulation runs: the engine, kvtier's tiers and policies, the links, the replicas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvtier.errors import ConfigError
+from kvtier.sim.tiers import TierSpec
+from kvtier.sim.timing import StepTimer
+
+Preemption = Literal["recompute", "offload"]
+Scheduling = Literal["fcfs", "priority"]
+Routing = Literal["session", "least-loaded", "round-robin"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One replica's engine, in vLLM's terms.
+
+    ``pool_blocks`` blocks of ``block_tokens`` tokens hold the KV; ``max_batched_tokens`` is the
+    token budget of a step (chunked prefill), ``max_seqs`` the running requests at most;
+    ``watermark`` the share of the pool a new request must leave free (vLLM V1 keeps none);
+    ``prefix_caching`` finds full blocks by chained key. A request whose blocks run out is
+    preempted: its KV is dropped and recomputed (``recompute``, vLLM's only way), or reloaded
+    from kvtier's tiers where it was written through (``offload``, kvtier's connector).
+    ``kv_bytes_per_token``: one token's KV on one replica (all its ranks).
+    """
+
+    pool_blocks: int
+    block_tokens: int
+    kv_bytes_per_token: float
+    max_batched_tokens: int = 2048
+    max_seqs: int = 128
+    watermark: float = 0.0
+    prefix_caching: bool = True
+    scheduling: Scheduling = "fcfs"
+    preemption: Preemption = "recompute"
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_blocks < 1 or self.block_tokens < 1:
+            raise ConfigError("the engine needs a pool of at least one block of one token")
+        if self.max_batched_tokens < 1 or self.max_seqs < 1:
+            raise ConfigError("max batched tokens and max sequences must be at least 1")
+        if not 0 <= self.watermark < 1:
+            raise ConfigError(f"watermark is a share of the pool in [0, 1), got {self.watermark}")
+        if self.kv_bytes_per_token <= 0:
+            raise ConfigError("kv_bytes_per_token must be positive")
+        if self.preemption not in ("recompute", "offload"):
+            raise ConfigError(f"preemption is recompute or offload, not {self.preemption!r}")
+        if self.scheduling not in ("fcfs", "priority"):
+            raise ConfigError(f"scheduling is fcfs or priority, not {self.scheduling!r}")
+
+
+@dataclass(frozen=True)
+class KvtierSpec:
+    """kvtier's connector: chunk size, tiers (fast→slow), and what it does with them.
+
+    ``sync_first``: chunks all in the first tier load inside the step that schedules the
+    request (the engine waits); others load while the engine runs other requests.
+    ``decide``: the load-or-recompute cut (else every hit loads). ``preload``: a queued
+    request's chunks on slower tiers are copied into the first tier in arrival order, at most
+    ``preload_bytes`` in flight, and a request whose copy is under way when its turn comes is
+    held back up to ``preload_wait_s``. ``host_link``: bytes/s of the link KV crosses between
+    the engine and host memory (None: the engine computes on the host).
+    """
+
+    tiers: tuple[TierSpec, ...]
+    chunk_tokens: int
+    sync_first: bool = True
+    decide: bool = True
+    preload: bool = True
+    preload_bytes: float = 256 * 2**20
+    preload_wait_s: float = 2.0
+    store: bool = True
+    host_link_bandwidth: float | None = None
+    host_link_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError("kvtier needs at least one tier (or run without kvtier)")
+        if self.chunk_tokens < 1:
+            raise ConfigError("chunk_tokens must be at least 1")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tier names must differ, got {names}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A whole simulation.
+
+    ``timer``: step times (roofline or measured). ``kvtier``: None runs the engines alone.
+    ``replicas`` engines share the shared tiers and one network link of ``network_bandwidth``
+    bytes/s. ``concurrency``: the client's requests in flight at most (None: open loop, every
+    request sent when it arrives). ``closed_loop``: a session's next turn is sent
+    ``after_s`` after its previous answer (traces that record it), else at its arrival time.
+    ``slo_ttft_s``/``slo_tpot_s``: the service level goodput counts against.
+    """
+
+    engine: EngineSpec
+    timer: StepTimer
+    kvtier: KvtierSpec | None = None
+    replicas: int = 1
+    routing: Routing = "session"
+    network_bandwidth: float = 12.5e9
+    network_latency_s: float = 20e-6
+    concurrency: int | None = None
+    closed_loop: bool = True
+    slo_ttft_s: float = 2.0
+    slo_tpot_s: float = 0.1
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError("at least one replica")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError("concurrency must be at least 1 (or open loop)")
+        if self.routing not in ("session", "least-loaded", "round-robin"):
+            raise ConfigError(
+                f"routing is session, least-loaded or round-robin, not {self.routing!r}"
+            )
+        if self.kvtier is not None:
+            ratio = self.kvtier.chunk_tokens / self.engine.block_tokens
+            if self.kvtier.chunk_tokens % self.engine.block_tokens:
+                raise ConfigError(
+                    f"kvtier's chunk ({self.kvtier.chunk_tokens} tokens) must be a whole number "
+                    f"of engine blocks ({self.engine.block_tokens} tokens), got {ratio:.2f}"
+                )
+        if self.engine.preemption == "offload" and self.kvtier is None:
+            raise ConfigError("preemption by offload needs kvtier's tiers")
+
+
+__all__ = ["EngineSpec", "KvtierSpec", "Preemption", "Routing", "Scheduling", "SimConfig"]

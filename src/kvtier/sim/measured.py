@@ -1,0 +1,253 @@
+"""A simulation calibrated from what a ``kvtier run --engine vllm`` report measured.
+
+The report of another run (another seed) gives the engine's speed and kvtier's load speeds:
+
+- the step timer (:class:`~kvtier.sim.timing.MeasuredTimer`): one decode step's seconds is a
+  step's fixed cost; the warm-up's cold prompts (seconds to first token at a few lengths) are
+  fitted, step by step as the engine chunks them, to a request's fixed cost outside the
+  steps, a cost per token and a causal-attention cost (non-negative least squares on
+  relative error);
+- each tier's read speed: ``latency + bytes / bandwidth`` fitted to the connector's records of
+  synchronous loads (bytes loaded, seconds the step waited) per tier; a tier without records
+  keeps the given defaults;
+- the engine: its pool, block size, token budget and KV bytes per token; kvtier's chunk size
+  and tier sizes.
+
+Nothing from the run being judged is used: it is replayed, not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from kvtier.cost.calibration import CalibrationError, fit_transfer, nnls_relative
+from kvtier.errors import ConfigError
+from kvtier.sim.config import EngineSpec, KvtierSpec
+from kvtier.sim.tiers import TierSpec
+from kvtier.sim.timing import MeasuredTimer
+from kvtier.workloads.requests import TraceRequest
+
+#: vLLM's block on this CPU backend and its OpenAI server's token budget per step there.
+VLLM_CPU_BLOCK_TOKENS = 128
+VLLM_CPU_BATCHED_TOKENS = 2048
+#: Read speeds of the connector's tiers when a report has no loads to fit them from
+#: (bytes/s, seconds): a tmpfs slab copied by one thread, an O_DIRECT slab on local disk.
+DEFAULT_READ = {"dram": (1.0e9, 2e-3), "disk": (0.8e9, 5e-3)}
+DEFAULT_WRITE = {"dram": 2.0e9, "disk": 0.8e9}
+
+
+@dataclass(frozen=True)
+class RunCalibration:
+    """What a report's measurements give a simulation (see the module docs)."""
+
+    timer: MeasuredTimer
+    engine: EngineSpec
+    tiers: tuple[TierSpec, ...]
+    chunk_tokens: int
+    fits: dict[str, Any] = field(default_factory=dict)
+
+    def kvtier(self, **options: Any) -> KvtierSpec:
+        """kvtier's connector over the report's tiers (``options`` override the defaults)."""
+        return KvtierSpec(tiers=self.tiers, chunk_tokens=self.chunk_tokens, **options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "timer": self.timer.to_dict(),
+            "pool_blocks": self.engine.pool_blocks,
+            "block_tokens": self.engine.block_tokens,
+            "max_batched_tokens": self.engine.max_batched_tokens,
+            "kv_bytes_per_token": self.engine.kv_bytes_per_token,
+            "chunk_tokens": self.chunk_tokens,
+            "tiers": [t.__dict__ for t in self.tiers],
+            "fits": self.fits,
+        }
+
+
+def fit_timer(engine: Mapping[str, Any], budget: int = VLLM_CPU_BATCHED_TOKENS) -> MeasuredTimer:
+    """The step timer from a report's ``engine`` section (see the module docs)."""
+    try:
+        points = [(int(n), float(s)) for n, s in engine["prefill"]["points"]]
+        step = float(engine["decode_step_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the report's engine speed lacks {exc}") from None
+    if len({n for n, _ in points}) < 2 or step <= 0:
+        raise ConfigError("the report's engine speed needs cold prompts at two lengths or more")
+    rows, secs = [], []
+    for n, s in points:
+        steps = -(-n // budget)
+        tokens = float(n)
+        attention = 0.0
+        done = 0
+        while done < n:
+            k = min(budget, n - done)
+            attention += k * (done + k / 2)
+            done += k
+        rows.append([1.0, tokens, attention])
+        secs.append(max(s - steps * step, 1e-6))
+    try:
+        (overhead, per_token, attention_s), _ = nnls_relative(np.array(rows), np.array(secs))
+    except CalibrationError as exc:
+        raise ConfigError(f"cannot fit the engine's prefill: {exc}") from None
+    return MeasuredTimer(
+        step_s=step,
+        token_s=max(float(per_token), 1e-9),
+        attention_s=float(attention_s),
+        request_overhead_s=float(overhead),
+        budget=budget,
+    )
+
+
+def _tier_name(url: str, index: int) -> str:
+    for part in url.split("?", 1)[-1].split("&"):
+        if part.startswith("name="):
+            return part[5:]
+    return f"tier{index}"
+
+
+def load_samples(report: Mapping[str, Any], kv_bytes_per_token: float) -> dict[str, list]:
+    """(bytes, seconds) of the synchronous loads per tier, from the kvtier phase's records."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for phase in report.get("phases") or []:
+        if phase.get("system") == "vllm":
+            continue
+        for req in phase.get("requests") or []:
+            line = req.get("connector") or {}
+            hits = line.get("hit_tokens") or {}
+            wait = line.get("load_wait_s")
+            if not line.get("sync") or not hits or not wait or len(hits) != 1:
+                continue
+            ((tier, tokens),) = hits.items()
+            out.setdefault(str(tier), []).append((int(tokens * kv_bytes_per_token), float(wait)))
+    return out
+
+
+def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
+    """A :class:`RunCalibration` from a ``kvtier run --engine vllm --json`` report."""
+    try:
+        config = report["config"]
+        kv_per_token = float(report["model"]["kv_bytes_per_token"])
+        engine_speed = report["engine"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"not a kvtier run (vLLM) report: it lacks {exc}") from None
+    timer = fit_timer(engine_speed)
+    engine = EngineSpec(
+        pool_blocks=int(config["pool_blocks"]),
+        block_tokens=VLLM_CPU_BLOCK_TOKENS,
+        kv_bytes_per_token=kv_per_token,
+        max_batched_tokens=VLLM_CPU_BATCHED_TOKENS,
+        max_model_len=int(config.get("max_model_len") or 0) or None,
+    )
+    chunk = int(config.get("chunk_tokens") or 256)
+    tiers_info = report.get("tiers") or {}
+    samples = load_samples(report, kv_per_token)
+    fits: dict[str, Any] = {"samples": {k: len(v) for k, v in samples.items()}}
+    tiers = []
+    for i, info in enumerate(tiers_info.get("tiers") or []):
+        name = str(info.get("name") or _tier_name("", i))
+        bandwidth, latency = DEFAULT_READ.get(name, DEFAULT_READ["disk"])
+        found = samples.get(name, [])
+        if len({b for b, _ in found}) >= 2:
+            fit = fit_transfer(found)
+            bandwidth, latency = fit.bandwidth, fit.latency_s
+            fits[name] = {"bandwidth": bandwidth, "latency_s": latency, "samples": len(found)}
+        tiers.append(
+            TierSpec(
+                name=name,
+                read_bandwidth=bandwidth,
+                write_bandwidth=DEFAULT_WRITE.get(name, DEFAULT_WRITE["disk"]),
+                latency_s=latency,
+                capacity_bytes=float(info.get("bytes") or 0) or None,
+            )
+        )
+    return RunCalibration(timer, engine, tuple(tiers), chunk, fits)
+
+
+#: The timer's coefficients :func:`refine_by_replay` adjusts, and the factors it tries.
+REFINED = ("token_s", "attention_s", "context_s", "seq_s", "request_overhead_s")
+_FACTORS = (0.0, 0.5, 0.75, 0.9, 1.1, 1.33, 2.0)
+
+
+def replay_error(
+    cal: RunCalibration,
+    timer: MeasuredTimer,
+    phases: Mapping[str, Sequence[TraceRequest]],
+    concurrency: int | None,
+) -> float:
+    """Mean squared log error of the replayed TTFT and end-to-end times against the measured
+    ones, over every request of every phase (``vllm``: the engine alone, else with kvtier)."""
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.simulator import simulate
+
+    errors: list[float] = []
+    for system, requests in phases.items():
+        kv = None if system == "vllm" else cal.kvtier()
+        config = SimConfig(engine=cal.engine, timer=timer, kvtier=kv, concurrency=concurrency)
+        result = simulate(config, requests)
+        for trace, rec in zip(requests, result.records, strict=True):
+            for name, got in (("ttft_s", rec.ttft_s), ("e2e_s", rec.e2e_s)):
+                want = trace.measured.get(name)
+                if want and got and want > 0 and got > 0:
+                    errors.append(math.log(got / want) ** 2)
+    return float(np.mean(errors)) if errors else math.inf
+
+
+def refine_by_replay(
+    cal: RunCalibration,
+    phases: Mapping[str, Sequence[TraceRequest]],
+    concurrency: int | None,
+    rounds: int = 3,
+) -> RunCalibration:
+    """The calibration whose timer replays a calibration run best.
+
+    Coordinate descent over :data:`REFINED`, each multiplied by a few factors (0 included) in
+    turn, keeping a change only when the replay error (:func:`replay_error`) of the run's own
+    requests falls. The run must be another than the one the simulation is judged on.
+    """
+    timer = cal.timer
+    best = replay_error(cal, timer, phases, concurrency)
+    start = best
+    for _ in range(rounds):
+        improved = False
+        for name in REFINED:
+            base = getattr(timer, name)
+            candidates = [base * f for f in _FACTORS] if base > 0 else [0.0, *_SEEDS[name]]
+            for value in candidates:
+                if value == base:
+                    continue
+                trial = replace(timer, **{name: value})
+                err = replay_error(cal, trial, phases, concurrency)
+                if err < best - 1e-9:
+                    best, timer, improved = err, trial, True
+            base = getattr(timer, name)
+        if not improved:
+            break
+    fits = dict(cal.fits)
+    fits["replay"] = {"error_before": start, "error_after": best, "timer": timer.to_dict()}
+    return replace(cal, timer=timer, fits=fits)
+
+
+#: Where a coefficient fitted to zero restarts: a small value of its kind.
+_SEEDS = {
+    "token_s": (1e-4, 5e-4),
+    "attention_s": (1e-8, 1e-7),
+    "context_s": (1e-6, 4e-6),
+    "request_overhead_s": (0.02, 0.1),
+    "seq_s": (0.005, 0.03),
+}
+
+
+__all__ = [
+    "REFINED",
+    "RunCalibration",
+    "calibrate_from_report",
+    "fit_timer",
+    "load_samples",
+    "refine_by_replay",
+    "replay_error",
+]

@@ -1,0 +1,181 @@
+"""How long one engine step takes: the batch's prefill chunks and decodes, in seconds.
+
+A step runs every scheduled sequence in one forward, as vLLM does. Two timers:
+
+- :class:`RooflineTimer`: from specs (``cost.RooflineCompute``): the step is compute-bound on
+  its prefill FLOPs or memory-bound on reading the weights and the batch's KV, whichever is
+  slower, plus a fixed per-step overhead;
+- :class:`MeasuredTimer`: from what an engine was measured to do (a ``kvtier run`` report's
+  ``engine`` section, or a calibration profile): a fixed cost per step, a cost per token in the
+  step, a causal-attention cost per new token × context, and a fixed cost per request outside
+  the steps (the API server's handling, returning the first token).
+
+Both also answer ``prefill_seconds(new, cached)`` (one request alone, chunked as the engine
+chunks it), the ``ComputeModel`` the load-or-recompute decision compares loads against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvtier.cost.compute import RooflineCompute
+from kvtier.errors import ConfigError
+
+
+class StepTimer(Protocol):
+    """Seconds of one engine step, and the fixed cost of a request outside the steps."""
+
+    request_overhead_s: float
+
+    def step_seconds(
+        self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
+    ) -> float:
+        """One step: ``prefill`` (new tokens, cached tokens before them) chunks and decodes."""
+        ...
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        """One request's prefill alone, in steps of at most the engine's token budget."""
+        ...
+
+
+def _chunked(timer: StepTimer, budget: int, new: int, cached: int) -> float:
+    total, done = 0.0, 0
+    while done < new:
+        n = min(budget, new - done)
+        total += timer.step_seconds([(n, cached + done)], ())
+        done += n
+    return total
+
+
+@dataclass(frozen=True)
+class MeasuredTimer:
+    """A step costs ``step_s + token_s·T + attention_s·Σ n·(c + n/2) + context_s·Σ L + seq_s·S``.
+
+    T is every token the step runs (prefill chunks plus one per decode), the attention term is
+    summed over prefill chunks of n new tokens after c cached ones, L over the decodes'
+    contexts, S the sequences in the step (each costs its sampling and output handling).
+    ``request_overhead_s`` is paid once per request before it reaches the scheduler.
+    ``budget`` is the engine's token budget per step (vLLM's ``max_num_batched_tokens``), used
+    by :meth:`prefill_seconds`.
+    """
+
+    step_s: float
+    token_s: float
+    attention_s: float = 0.0
+    context_s: float = 0.0
+    request_overhead_s: float = 0.0
+    budget: int = 2048
+    seq_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        names = ("step_s", "token_s", "attention_s", "context_s", "request_overhead_s", "seq_s")
+        for name in names:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"measured timer: {name} must be finite and >= 0, got {value}")
+        if self.budget < 1:
+            raise ConfigError("measured timer: the token budget must be at least 1")
+
+    @classmethod
+    def from_engine_speed(cls, engine: Mapping[str, Any], budget: int = 2048) -> MeasuredTimer:
+        """From a ``kvtier run --engine vllm`` report's ``engine`` section: its cold-prompt
+        curve ``a + b·n + c·n²`` (seconds to first token) and one decode step's seconds.
+
+        A decode step is the step's fixed cost; ``b`` the cost per token; ``c·n²`` the
+        attention of a prompt over itself (``attention_s = 2c``); what ``a`` holds beyond one
+        step's fixed cost (one step per ``budget`` tokens of the curve's longest prompt) is the
+        request's cost outside the steps.
+        """
+        try:
+            prefill = engine["prefill"]
+            a, b = float(prefill["a_s"]), float(prefill["b_s_per_token"])
+            c = float(prefill.get("c_s_per_token2", 0.0))
+            step = float(engine["decode_step_s"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"the engine's measured speed lacks {exc}") from None
+        points = prefill.get("points") or []
+        longest = max((int(p[0]) for p in points), default=budget)
+        steps = max(1, -(-longest // budget))
+        # a + b·n fits the curve's points, which ran ``steps`` steps: their fixed costs are in b
+        # for the longer prompts; keep the per-token cost net of them.
+        token = max(b - (steps - 1) * step / max(longest, 1), 1e-9)
+        return cls(
+            step_s=step,
+            token_s=token,
+            attention_s=2.0 * c,
+            request_overhead_s=max(a - step, 0.0),
+            budget=budget,
+        )
+
+    def step_seconds(
+        self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
+    ) -> float:
+        if not prefill and not decode_contexts:
+            return 0.0
+        tokens = sum(n for n, _ in prefill) + len(decode_contexts)
+        attention = sum(n * (c + n / 2) for n, c in prefill)
+        return (
+            self.step_s
+            + self.token_s * tokens
+            + self.attention_s * attention
+            + self.context_s * sum(decode_contexts)
+            + self.seq_s * (len(prefill) + len(decode_contexts))
+        )
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        return _chunked(self, self.budget, new, cached)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {"kind": "measured", **self.__dict__}
+
+
+@dataclass(frozen=True)
+class RooflineTimer:
+    """A step from specs: max(compute time of its FLOPs, HBM time of weights + KV) + overhead.
+
+    Prefill chunks cost their linear and attention FLOPs (``RooflineCompute.prefill_flops``);
+    each decode one token's FLOPs and its context's KV read; the weights are read once per step.
+    """
+
+    compute: RooflineCompute
+    step_overhead_s: float = 0.0
+    request_overhead_s: float = 0.0
+    budget: int = 8192
+
+    def step_seconds(
+        self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
+    ) -> float:
+        if not prefill and not decode_contexts:
+            return 0.0
+        c = self.compute
+        flops = sum(c.prefill_flops(n, k) for n, k in prefill)
+        flops += sum(c.prefill_flops(1, ctx) for ctx in decode_contexts)
+        kv_read = sum(decode_contexts) + sum(k for _, k in prefill)
+        memory = c.decode_step_bytes(0, 0) + kv_read * c.model.kv_bytes_per_token(c.tp)
+        memory_s = memory / (c.gpu.hbm_bandwidth * c.mbu)
+        return max(flops / c.flops_per_second, memory_s) + self.step_overhead_s
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        return _chunked(self, self.budget, new, cached)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        c = self.compute
+        return {
+            "kind": "roofline",
+            "model": c.model.name,
+            "gpu": c.gpu.name,
+            "tp": c.tp,
+            "mfu": c.mfu,
+            "mbu": c.mbu,
+            "step_overhead_s": self.step_overhead_s,
+            "request_overhead_s": self.request_overhead_s,
+            "budget": self.budget,
+        }
+
+
+__all__ = ["MeasuredTimer", "RooflineTimer", "StepTimer"]

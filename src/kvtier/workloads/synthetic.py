@@ -189,6 +189,11 @@ class MixSpec:
             raise ConfigError(f"must be positive for this mix: {', '.join(zero)}")
 
 
+#: The fields of a conversation kind: turns, first and later message tokens, pause before a turn.
+_CONVERSATIONS = {
+    "chat": ("chat_turns", "chat_opening_tokens", "user_tokens", "think_s"),
+    "agent": ("agent_steps", "task_tokens", "tool_tokens", "tool_pause_s"),
+}
 #: What each kind (chat, rag, agent, code) needs to be more than zero.
 _NEEDS = (["chat_turns"], ["docs"], ["agent_steps"], ["repos", "burst_requests"])
 
@@ -246,13 +251,12 @@ def mix_requests(spec: MixSpec) -> list[TraceRequest]:
             )
         )
 
-    def conversation(
-        t: float, name: str, kind: str, opening: int, later: int, turns: int, pause: float
-    ) -> None:
+    def conversation(t: float, name: str, kind: str) -> None:
+        turns_mean, opening, later, pause = (getattr(spec, f) for f in _CONVERSATIONS[kind])
         prompt = system.copy()
         prompt.append(tokens(opening))
         emit(prompt, t, name, 0, kind, None)
-        for turn in range(1, turns):
+        for turn in range(1, max(1, round(size(turns_mean)))):
             prompt.append(out[-1].output_tokens)
             prompt.append(tokens(later))
             wait = max(0.0, size(pause))
@@ -260,33 +264,13 @@ def mix_requests(spec: MixSpec) -> list[TraceRequest]:
             emit(prompt, t, name, turn, kind, wait)
 
     for s, (start, kind) in enumerate(zip(starts.tolist(), kinds, strict=True)):
-        if kind == "chat":
-            turns = max(1, round(size(spec.chat_turns)))
-            conversation(
-                start,
-                f"chat-{s}",
-                "chat",
-                spec.chat_opening_tokens,
-                spec.user_tokens,
-                turns,
-                spec.think_s,
-            )
+        if kind in _CONVERSATIONS:
+            conversation(start, f"{kind}-{s}", kind)
         elif kind == "rag":
             d = doc_picks[s]
             prompt = docs[d].copy()
             prompt.append(tokens(spec.question_tokens))
             emit(prompt, start, f"rag-{s}.doc{d}", 0, "rag", None)
-        elif kind == "agent":
-            steps = max(1, round(size(spec.agent_steps)))
-            conversation(
-                start,
-                f"agent-{s}",
-                "agent",
-                spec.task_tokens,
-                spec.tool_tokens,
-                steps,
-                spec.tool_pause_s,
-            )
         else:
             r = repo_picks[s]
             for i in range(spec.burst_requests):

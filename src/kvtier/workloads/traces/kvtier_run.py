@@ -72,7 +72,7 @@ def read_kvtier_run(
         report = json.loads(text)
     except ValueError as e:
         raise ConfigError(f"{path}:{e.lineno}: not a JSON run report ({e.msg})") from None
-    where = f"{path}"
+    where = str(path)
     if not isinstance(report, dict) or not isinstance(report.get("phases"), list):
         raise ConfigError(f"{where}: not a `kvtier run --json` report (it has no 'phases' list)")
     phases = [p for p in report["phases"] if isinstance(p, dict)]

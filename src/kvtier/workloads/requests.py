@@ -28,10 +28,17 @@ def chain_keys(ids: Iterable[object], namespace: bytes = b"") -> tuple[bytes, ..
     ``ids`` are whatever a trace names a block with (ints, hex strings); ``namespace`` keeps
     the ids of different traces apart.
     """
+    return extend_keys(xxhash.xxh3_128_digest(namespace) if namespace else ROOT, ids)
+
+
+def extend_keys(prev: bytes, ids: Iterable[object]) -> tuple[bytes, ...]:
+    """The chained keys of ``ids`` after the key ``prev``, as :func:`chain_keys` chains them:
+    a prompt that grows by some blocks gets its new keys without hashing its prefix again.
+    """
     out: list[bytes] = []
-    prev = xxhash.xxh3_128_digest(namespace) if namespace else ROOT
+    digest = xxhash.xxh3_128_digest
     for item in ids:
-        prev = xxhash.xxh3_128_digest(prev + str(item).encode())
+        prev = digest(prev + str(item).encode())
         out.append(prev)
     return tuple(out)
 
@@ -74,4 +81,4 @@ class TraceRequest:
             )
 
 
-__all__ = ["ROOT", "TraceRequest", "chain_keys"]
+__all__ = ["ROOT", "TraceRequest", "chain_keys", "extend_keys"]

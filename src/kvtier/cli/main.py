@@ -22,9 +22,9 @@ cli = typer.Typer(
 
 
 def _register() -> None:
-    from kvtier.cli import bench_cmd, calibrate_cmd, plan_cmd, run_cmd
+    from kvtier.cli import bench_cmd, calibrate_cmd, plan_cmd, run_cmd, simulate_cmd
 
-    for module in (plan_cmd, bench_cmd, calibrate_cmd, run_cmd):
+    for module in (plan_cmd, bench_cmd, calibrate_cmd, run_cmd, simulate_cmd):
         module.register(cli)
 
 

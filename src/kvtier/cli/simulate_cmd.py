@@ -1,0 +1,227 @@
+"""``kvtier simulate``: replay a trace (or a generated workload) through simulated replicas.
+
+Takes ``kvtier plan``'s model and hardware flags with its defaults (DRAM + NVMe tiers), or,
+with ``--calibration REPORT``, the engine, tiers and step times a ``kvtier run --engine vllm``
+report measured on this machine. Bad input (a missing trace, a malformed line, an unknown
+preset, an unwritable output) is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DEFAULT_DRAM = "256GB"
+DEFAULT_NVME = "3.84TB"
+
+
+def simulate_command(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Preset name or path of a HF config.json.")
+    ] = "llama-3.1-8b",
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU preset or profile entry.")] = "h100",
+    gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs per replica (TP).")] = 1,
+    replicas: Annotated[int, typer.Option(help="Serving replicas (share the shared tier).")] = 1,
+    dram: Annotated[str, typer.Option(help="DRAM tier size per replica (0: none).")] = DEFAULT_DRAM,
+    nvme: Annotated[str, typer.Option(help="NVMe tier size per replica (0: none).")] = DEFAULT_NVME,
+    nvme_type: Annotated[str, typer.Option(help="Storage preset of the NVMe tier.")] = "nvme-gen4",
+    shared: Annotated[
+        str, typer.Option(help="Shared tier NAME[:SIZE] (e.g. redis:1TB), none by default.")
+    ] = "none",
+    link: Annotated[str | None, typer.Option(help="Host link preset (default: the GPU's).")] = None,
+    network: Annotated[
+        str, typer.Option(help="Network bandwidth the replicas share to the shared tier.")
+    ] = "12.5GB",
+    codec_ratio: Annotated[
+        float, typer.Option(help="Compression raw/stored on NVMe and shared tiers.")
+    ] = 1.0,
+    codec_bandwidth: Annotated[
+        str | None, typer.Option(help="Decode rate per GPU, raw bytes/s (e.g. 8GB).")
+    ] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="KV dtype: bf16, fp16, fp8.")] = None,
+    weight_dtype: Annotated[str | None, typer.Option(help="Weight dtype: bf16, fp8, int4.")] = None,
+    mfu: Annotated[float, typer.Option(help="Prefill FLOP utilisation.")] = 0.5,
+    mbu: Annotated[float, typer.Option(help="Decode HBM bandwidth utilisation.")] = 0.8,
+    reserve: Annotated[str, typer.Option(help="HBM kept from KV per GPU: 10%, 0.1, 8GiB.")] = "10%",
+    profile: Annotated[
+        Path | None, typer.Option(help="TOML/YAML file of user models/hardware.")
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="A `kvtier run --engine vllm --json` report of another run: the engine, tiers "
+            "and step times it measured replace the model and hardware flags."
+        ),
+    ] = None,
+    refine: Annotated[
+        bool,
+        typer.Option(help="With --calibration: fit the step times by replaying that run."),
+    ] = True,
+    trace: Annotated[
+        Path | None, typer.Option(help="Trace file to replay (default: a generated workload).")
+    ] = None,
+    trace_format: Annotated[
+        str, typer.Option(help="mooncake, bailian or kvtier-run.")
+    ] = "mooncake",
+    trace_block_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per trace block (format's default).")
+    ] = None,
+    time_unit: Annotated[
+        float | None, typer.Option(help="Seconds per trace time unit (format's default).")
+    ] = None,
+    skip_bad: Annotated[
+        bool, typer.Option(help="Skip (and count) malformed trace lines instead of failing.")
+    ] = False,
+    phase: Annotated[
+        str | None, typer.Option(help="kvtier-run traces: which phase (vllm, vllm+kvtier).")
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="Generated workload without --trace: mix or unique.")
+    ] = "mix",
+    sessions: Annotated[int, typer.Option(help="Generated: sessions (mix) or requests.")] = 500,
+    rate: Annotated[float, typer.Option(help="Generated: sessions (requests) per second.")] = 2.0,
+    seed: Annotated[int, typer.Option(help="Seed of the generated workload.")] = 0,
+    block_tokens: Annotated[
+        int | None,
+        typer.Option(help="Engine block tokens (default: the trace's block, or 16 / 128)."),
+    ] = None,
+    chunk_tokens: Annotated[
+        int | None, typer.Option(help="kvtier chunk tokens (default: 256, or the block).")
+    ] = None,
+    max_batched_tokens: Annotated[
+        int | None, typer.Option(help="Token budget per engine step.")
+    ] = None,
+    max_seqs: Annotated[int, typer.Option(help="Running requests per replica at most.")] = 256,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Client requests in flight at most (default: open loop).")
+    ] = None,
+    routing: Annotated[str, typer.Option(help="session, least-loaded or round-robin.")] = "session",
+    kvtier: Annotated[
+        bool, typer.Option("--kvtier/--no-kvtier", help="kvtier's tiers below the engine.")
+    ] = True,
+    preemption: Annotated[
+        str, typer.Option(help="recompute (vLLM's) or offload (reload from kvtier).")
+    ] = "recompute",
+    preload: Annotated[bool, typer.Option(help="Preload queued requests' KV.")] = True,
+    decide: Annotated[
+        bool, typer.Option(help="Load-or-recompute cut (else load every hit).")
+    ] = True,
+    eviction: Annotated[str, typer.Option(help="Tier eviction: lru, arc, cost.")] = "lru",
+    slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds.")] = 2.0,
+    slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: seconds per output token.")] = 0.1,
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            help="NAME=V1,V2,…: concurrency, rate, dram, nvme, link (bandwidth), context "
+            "(prompt scale), preemption, eviction — the memory-wall table and plot."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
+    records: Annotated[
+        bool, typer.Option(help="With --json: include every request's record.")
+    ] = False,
+    csv_out: Annotated[
+        Path | None, typer.Option("--csv", help="Write the per-request records as CSV.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write PNG plots into this directory.")
+    ] = None,
+) -> None:
+    """Simulate serving replicas with kvtier's tiers: TTFT, GPU time waiting for KV, links."""
+    from kvtier.cli import simulate_setup as setup
+
+    args = dict(locals())
+    for target in (csv_out,):
+        if target is not None:
+            from kvtier.tiers.paths import writable_file
+
+            writable_file(target, "--csv")
+    if plot is not None:
+        from kvtier.tiers.paths import usable_directory
+
+        usable_directory(plot, "--plot", keep=True)
+    spec = setup.parse_sweep(sweep) if sweep else None
+    built = setup.build(setup.SimArgs(**{k: v for k, v in args.items() if k in setup.ARG_NAMES}))
+    if spec is None:
+        result = _run(built, as_json)
+        _report_one(built, result, as_json, records, csv_out, plot)
+        return
+    rows = setup.run_sweep(built, spec, progress=_progress(as_json, len(spec.values)))
+    _report_sweep(built, spec, rows, as_json, plot)
+
+
+def _progress(quiet: bool, total: int):
+    if quiet:
+        return None
+    from rich.console import Console
+
+    from kvtier.cli.console import step_progress
+
+    progress = step_progress(Console(stderr=True))
+    task: dict[str, Any] = {}
+
+    def tick(label: str, done: int, n: int) -> None:
+        if not task:
+            progress.start()
+            task["id"] = progress.add_task(label, total=n)
+        progress.update(task["id"], completed=done, total=n, description=label)
+        if done >= n:
+            progress.stop()
+
+    return tick
+
+
+def _run(built, quiet: bool):
+    from kvtier.sim.simulator import simulate
+
+    tick = _progress(quiet, len(built.requests))
+
+    def progress(done: int, total: int) -> None:
+        if tick is not None:
+            tick("simulating", done, total)
+
+    return simulate(built.config, built.requests, progress)
+
+
+def _report_one(built, result, as_json: bool, records: bool, csv_out, plot) -> None:
+    result.config = built.describe()
+    if csv_out is not None:
+        csv_out.write_text(result.records_csv())
+    if plot is not None:
+        from kvtier.sim.plot import write_run_plot
+
+        write_run_plot(result, plot / "simulate.png")
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(records=records), indent=2) + "\n")
+        return
+    from kvtier.cli.console import table_console
+    from kvtier.sim.report import render
+
+    render(result, table_console())
+
+
+def _report_sweep(built, spec, rows, as_json: bool, plot) -> None:
+    if plot is not None:
+        from kvtier.sim.plot import write_sweep_plot
+
+        write_sweep_plot(spec.name, rows, plot / f"sweep-{spec.name}.png")
+    if as_json:
+        out = {"config": built.describe(), "sweep": spec.name, "rows": rows}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    from kvtier.cli.console import table_console
+    from kvtier.sim.report import render_sweep
+
+    render_sweep(spec.name, rows, table_console())
+
+
+def register(cli: typer.Typer) -> None:
+    """Add ``kvtier simulate`` to the CLI."""
+    cli.command("simulate")(simulate_command)
+
+
+__all__ = ["register", "simulate_command"]

@@ -1,0 +1,425 @@
+"""``kvtier simulate``'s inputs turned into a simulation, and its sweeps.
+
+:func:`build` reads the trace (or generates the workload), then builds the engine, kvtier's
+tiers and the step timer — from ``kvtier plan``'s model and hardware flags, or from a
+``kvtier run`` report's measurements — refusing bad input with one-line errors before
+anything runs. :func:`run_sweep` runs it again for each value of one parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+
+SWEEPABLE = ("concurrency", "rate", "dram", "nvme", "link", "context", "preemption", "eviction")
+
+
+@dataclass(frozen=True)
+class SimArgs:
+    """The command line's values (see ``kvtier simulate --help``)."""
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    gpus: int = 1
+    replicas: int = 1
+    dram: str = "256GB"
+    nvme: str = "3.84TB"
+    nvme_type: str = "nvme-gen4"
+    shared: str = "none"
+    link: str | None = None
+    network: str = "12.5GB"
+    codec_ratio: float = 1.0
+    codec_bandwidth: str | None = None
+    kv_dtype: str | None = None
+    weight_dtype: str | None = None
+    mfu: float = 0.5
+    mbu: float = 0.8
+    reserve: str = "10%"
+    profile: Path | None = None
+    calibration: Path | None = None
+    refine: bool = True
+    trace: Path | None = None
+    trace_format: str = "mooncake"
+    trace_block_tokens: int | None = None
+    time_unit: float | None = None
+    skip_bad: bool = False
+    phase: str | None = None
+    workload: str = "mix"
+    sessions: int = 500
+    rate: float = 2.0
+    seed: int = 0
+    block_tokens: int | None = None
+    chunk_tokens: int | None = None
+    max_batched_tokens: int | None = None
+    max_seqs: int = 256
+    concurrency: int | None = None
+    routing: str = "session"
+    kvtier: bool = True
+    preemption: str = "recompute"
+    preload: bool = True
+    decide: bool = True
+    eviction: str = "lru"
+    slo_ttft: float = 2.0
+    slo_tpot: float = 0.1
+    link_bandwidth: float | None = None
+    context_scale: float = 1.0
+
+
+ARG_NAMES = frozenset(f.name for f in fields(SimArgs))
+
+
+@dataclass
+class Built:
+    """A simulation ready to run, with what describes it in reports."""
+
+    args: SimArgs
+    config: Any
+    requests: list
+    source: dict[str, Any] = field(default_factory=dict)
+    calibration: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        """The inputs, for ``--json``."""
+        c = self.config
+        out: dict[str, Any] = {
+            "source": self.source,
+            "engine": c.engine.__dict__,
+            "timer": c.timer.to_dict(),
+            "replicas": c.replicas,
+            "concurrency": c.concurrency,
+            "kvtier": None,
+        }
+        if c.kvtier is not None:
+            kv = c.kvtier
+            out["kvtier"] = {
+                "chunk_tokens": kv.chunk_tokens,
+                "tiers": [t.__dict__ for t in kv.tiers],
+                "preload": kv.preload,
+                "decide": kv.decide,
+                "host_link_bandwidth": kv.host_link_bandwidth,
+            }
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """One parameter and the values a sweep gives it."""
+
+    name: str
+    values: tuple[str, ...]
+
+
+def parse_sweep(text: str) -> SweepSpec:
+    """``NAME=V1,V2,…`` (NAME among :data:`SWEEPABLE`)."""
+    name, sep, values = str(text).partition("=")
+    name = name.strip().replace("_", "-")
+    if not sep or not values.strip():
+        raise ConfigError(f"--sweep: write NAME=V1,V2,… (e.g. concurrency=1,4,16), not {text!r}")
+    if name not in SWEEPABLE:
+        raise ConfigError(f"--sweep: cannot sweep {name!r}; choose one of {', '.join(SWEEPABLE)}")
+    items = tuple(v.strip() for v in values.split(",") if v.strip())
+    if not items:
+        raise ConfigError("--sweep: give at least one value")
+    return SweepSpec(name, items)
+
+
+def _size(text: str, what: str) -> float:
+    from kvtier.specs.units import parse_size
+
+    try:
+        return float(parse_size(text))
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def _check(a: SimArgs) -> None:
+    if a.gpus < 1 or a.replicas < 1:
+        raise ConfigError("--gpus and --replicas must be at least 1")
+    if a.sessions < 1:
+        raise ConfigError("--sessions must be at least 1")
+    if not a.rate > 0:
+        raise ConfigError(f"--rate must be positive, got {a.rate}")
+    if a.concurrency is not None and a.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    if a.preemption not in ("recompute", "offload"):
+        raise ConfigError(f"--preemption is recompute or offload, not {a.preemption!r}")
+    if a.routing not in ("session", "least-loaded", "round-robin"):
+        raise ConfigError(f"--routing is session, least-loaded or round-robin, not {a.routing!r}")
+    if a.workload not in ("mix", "unique"):
+        raise ConfigError(f"--workload is mix or unique, not {a.workload!r}")
+    if a.codec_ratio <= 0:
+        raise ConfigError("--codec-ratio must be positive")
+    if a.max_seqs < 1 or (a.max_batched_tokens is not None and a.max_batched_tokens < 1):
+        raise ConfigError("--max-seqs and --max-batched-tokens must be at least 1")
+    for name in ("block_tokens", "chunk_tokens"):
+        value = getattr(a, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if a.slo_ttft <= 0 or a.slo_tpot <= 0:
+        raise ConfigError("the SLO's TTFT and TPOT must be positive")
+    if a.calibration is not None and not a.calibration.is_file():
+        raise ConfigError(f"--calibration: {a.calibration} is not a readable file")
+
+
+def _requests(a: SimArgs):
+    """(requests, source description, run metadata or None)."""
+    from kvtier.workloads.traces import read_trace
+
+    if a.trace is not None:
+        trace = read_trace(
+            a.trace,
+            a.trace_format,
+            block_tokens=a.trace_block_tokens,
+            time_unit_s=a.time_unit,
+            skip_bad=a.skip_bad,
+            system=a.phase,
+        )
+        if not trace.requests:
+            raise ConfigError(f"{a.trace}: the trace holds no request")
+        source = {
+            "trace": str(a.trace),
+            "format": a.trace_format,
+            "requests": len(trace.requests),
+            "skipped_lines": trace.skipped,
+        }
+        return trace.requests, source, trace.run
+    if a.workload == "unique":
+        from kvtier.workloads.arrivals import poisson
+        from kvtier.workloads.synthetic import unique_prompts
+
+        arrivals = poisson(a.rate, a.sessions, a.seed)
+        reqs = unique_prompts(arrivals, (2048, 16384), 256, seed=a.seed)
+        return reqs, {"workload": "unique", "requests": len(reqs), "seed": a.seed}, None
+    from kvtier.workloads.synthetic import MixSpec, mix_requests
+
+    reqs = mix_requests(MixSpec(seed=a.seed, sessions=a.sessions, rate_per_s=a.rate))
+    return reqs, {"workload": "mix", "sessions": a.sessions, "requests": len(reqs)}, None
+
+
+def _scaled(requests: list, factor: float) -> list:
+    """Prompts ``factor`` times as long (the shared prefix blocks repeat, extra ones are own)."""
+    if factor == 1.0:
+        return requests
+    if not factor > 0:
+        raise ConfigError(f"a context scale must be positive, got {factor}")
+    out = []
+    for r in requests:
+        tokens = max(1, round(r.input_tokens * factor))
+        keep = min(len(r.blocks), -(-tokens // r.block_tokens))
+        out.append(replace(r, input_tokens=tokens, blocks=r.blocks[:keep]))
+    return out
+
+
+def build(a: SimArgs) -> Built:
+    """The simulation the arguments describe (ConfigError/SpecError on bad input)."""
+    _check(a)
+    requests, source, run = _requests(a)
+    requests = _scaled(requests, a.context_scale)
+    if a.calibration is not None:
+        return _from_calibration(a, requests, source, run)
+    return _from_specs(a, requests, source)
+
+
+def _trace_block(requests: list) -> int:
+    return requests[0].block_tokens if requests else 16
+
+
+def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
+    from kvtier.plan.inputs import parse_reserve, parse_shared
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.specs import (
+        GPU_BATCHED_TOKENS,
+        TierChoice,
+        engine_from_specs,
+        kvtier_from_specs,
+        timer_from_specs,
+    )
+    from kvtier.specs import get_gpu, get_link, get_model, get_storage, load_profile
+
+    prof = load_profile(a.profile) if a.profile else None
+    spec = get_model(a.model, a.kv_dtype, a.weight_dtype, extra=prof.models if prof else None)
+    device = get_gpu(a.gpu, extra=prof.gpus if prof else None)
+    host = get_link(a.link or device.host_link, extra=prof.links if prof else None)
+    if a.link_bandwidth:
+        host = replace(
+            host,
+            achieved_bandwidth=a.link_bandwidth,
+            nameplate_bandwidth=max(a.link_bandwidth, host.nameplate_bandwidth),
+        )
+    extra = prof.storage if prof else None
+    fraction, reserve_bytes = parse_reserve(a.reserve)
+    block = a.block_tokens or (_trace_block(requests) if a.trace is not None else 16)
+    budget = a.max_batched_tokens or max(GPU_BATCHED_TOKENS, block)
+    engine = engine_from_specs(
+        spec,
+        device,
+        a.gpus,
+        block_tokens=block,
+        max_batched_tokens=budget,
+        max_seqs=a.max_seqs,
+        reserve_fraction=fraction,
+        reserve_bytes=reserve_bytes,
+        preemption=a.preemption,
+    )
+    timer = timer_from_specs(spec, device, a.gpus, mfu=a.mfu, mbu=a.mbu, budget=budget)
+    decode_bw = _size(a.codec_bandwidth, "--codec-bandwidth") if a.codec_bandwidth else None
+    choices: list[TierChoice] = []
+    if _size(a.dram, "--dram"):
+        choices.append(TierChoice("dram", get_storage("dram", extra), _size(a.dram, "--dram")))
+    if _size(a.nvme, "--nvme"):
+        medium = get_storage(a.nvme_type, extra)
+        choices.append(
+            TierChoice("nvme", medium, _size(a.nvme, "--nvme"), a.codec_ratio, decode_bw)
+        )
+    shared = parse_shared(a.shared)
+    if shared:
+        name, size = shared
+        choices.append(
+            TierChoice("shared", get_storage(name, extra), size, a.codec_ratio, decode_bw)
+        )
+    kv = None
+    if a.kvtier and choices:
+        chunk = a.chunk_tokens or max(256, block)
+        if chunk % block:
+            raise ConfigError(
+                f"--chunk-tokens {chunk} must be a multiple of the {block}-token block"
+            )
+        kv = kvtier_from_specs(
+            choices, host, a.gpus, chunk_tokens=chunk, preload=a.preload, decide=a.decide
+        )
+        kv = replace(kv, tiers=tuple(replace(t, eviction=a.eviction) for t in kv.tiers))
+    elif a.preemption == "offload":
+        raise ConfigError("--preemption offload needs kvtier's tiers (not --no-kvtier)")
+    config = SimConfig(
+        engine=engine,
+        timer=timer,
+        kvtier=kv,
+        replicas=a.replicas,
+        routing=a.routing,  # type: ignore[arg-type]
+        network_bandwidth=_size(a.network, "--network"),
+        concurrency=a.concurrency,
+        slo_ttft_s=a.slo_ttft,
+        slo_tpot_s=a.slo_tpot,
+        seed=a.seed,
+    )
+    source = {**source, "model": spec.name, "gpu": device.name, "gpus": a.gpus, "link": host.name}
+    return Built(a, config, requests, source)
+
+
+def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.measured import calibrate_from_report, refine_by_replay
+    from kvtier.workloads.traces import read_trace
+
+    try:
+        report = json.loads(a.calibration.read_text())  # type: ignore[union-attr]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--calibration: cannot read {a.calibration}: {exc}") from None
+    cal = calibrate_from_report(report)
+    if a.refine:
+        phases = {}
+        for phase in report.get("phases") or []:
+            system = str(phase.get("system"))
+            phases[system] = read_trace(a.calibration, "kvtier-run", system=system).requests
+        concurrency = int((report.get("config") or {}).get("concurrency") or 1)
+        cal = refine_by_replay(cal, phases, concurrency)
+    engine = replace(cal.engine, preemption=a.preemption, max_seqs=a.max_seqs)  # type: ignore[arg-type]
+    if a.max_batched_tokens:
+        engine = replace(engine, max_batched_tokens=a.max_batched_tokens)
+    if a.block_tokens:
+        engine = replace(engine, block_tokens=a.block_tokens)
+    kv = None
+    if a.kvtier:
+        kv = cal.kvtier(preload=a.preload, decide=a.decide)
+        kv = replace(kv, tiers=tuple(replace(t, eviction=a.eviction) for t in kv.tiers))
+    elif a.preemption == "offload":
+        raise ConfigError("--preemption offload needs kvtier's tiers (not --no-kvtier)")
+    concurrency = a.concurrency
+    if concurrency is None and run is not None:
+        concurrency = run.concurrency
+    config = SimConfig(
+        engine=engine,
+        timer=cal.timer,
+        kvtier=kv,
+        replicas=a.replicas,
+        routing=a.routing,  # type: ignore[arg-type]
+        concurrency=concurrency,
+        slo_ttft_s=a.slo_ttft,
+        slo_tpot_s=a.slo_tpot,
+        seed=a.seed,
+    )
+    source = {**source, "calibration": str(a.calibration)}
+    return Built(a, config, requests, source, cal)
+
+
+def _with(a: SimArgs, name: str, value: str) -> SimArgs:
+    if name == "concurrency":
+        return replace(a, concurrency=int(value))
+    if name == "rate":
+        return replace(a, rate=float(value))
+    if name in ("dram", "nvme"):
+        return replace(a, **{name: value})
+    if name == "link":
+        return replace(a, link_bandwidth=_size(value, "--sweep link"))
+    if name == "context":
+        return replace(a, context_scale=float(value))
+    if name == "preemption":
+        return replace(a, preemption=value)
+    if name == "eviction":
+        return replace(a, eviction=value)
+    raise ConfigError(f"--sweep: cannot sweep {name!r}")
+
+
+def sweep_row(name: str, value: str, result) -> dict[str, Any]:
+    """One sweep point's figures (a table row and a plot point)."""
+    s = result.summary
+    gpu = s["gpu_time"]
+    links = s["links"]
+    busiest = max(links.items(), key=lambda kv: kv[1]["utilization"], default=(None, None))
+    peak = max((r["peak_running"] for r in s["replicas"]), default=0)
+    return {
+        name: value,
+        "requests": s["finished"],
+        "ttft_p50_s": s["ttft_s"]["p50"],
+        "ttft_p95_s": s["ttft_s"]["p95"],
+        "tpot_p50_s": s["tpot_s"]["p50"],
+        "load_wait_p95_s": s["load_wait_s"]["p95"],
+        "throughput_tok_s": s["throughput"]["output_tokens_per_s"],
+        "goodput_share": s["goodput"]["share"],
+        "compute_share": gpu["compute_share"],
+        "kv_wait_share": gpu["kv_wait_share"],
+        "idle_share": gpu["idle_share"],
+        "preemptions": s["preemptions"],
+        "hit_rate": s["hit_rate"],
+        "peak_running": peak,
+        "busiest_link": busiest[0],
+        "busiest_link_utilization": busiest[1]["utilization"] if busiest[1] else None,
+    }
+
+
+def run_sweep(
+    built: Built, spec: SweepSpec, progress: Callable[[str, int, int], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run the simulation once per value of the swept parameter; one row each."""
+    from kvtier.sim.simulator import simulate
+
+    args = [_with(built.args, spec.name, v) for v in spec.values]
+    runs = [build(x) for x in args]  # every value is checked before the first run
+    rows = []
+    for i, (value, b) in enumerate(zip(spec.values, runs, strict=True)):
+        if progress is not None:
+            progress(f"{spec.name}={value}", i, len(runs))
+        rows.append(sweep_row(spec.name, value, simulate(b.config, b.requests)))
+    if progress is not None:
+        progress("done", len(runs), len(runs))
+    return rows
+
+
+__all__ = ["ARG_NAMES", "SWEEPABLE", "Built", "SimArgs", "SweepSpec", "build", "parse_sweep"]

@@ -110,7 +110,7 @@ def test_tier_reports_agree_with_the_cost_model():
     m = get_model("llama-3.1-8b")
     cost = CostModel(RooflineCompute(m, H100), m.kv_bytes_per_token())
     for t in result.tiers:
-        path = TransferPath.from_specs(get_storage(t.medium), PCIE5)
+        path = TransferPath.from_specs(get_storage(t.medium), PCIE5, model=m)
         assert t.break_even_tokens == cost.break_even_tokens(path, 4 * CTX)
         assert [c.tokens for c in t.comparisons] == list(default_prefix_lengths(CTX))
         assert t.comparisons[-1].reload_s == pytest.approx(cost.reload_seconds(path, CTX))

@@ -64,6 +64,39 @@ class CostModel:
             out.append(Comparison(n, recompute, reload, ratio))
         return out
 
+    def ttft_seconds(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int = 0,
+        path: TransferPath | None = None,
+        batch: int = 1,
+    ) -> float:
+        """Seconds to the first token of one request, with nothing queued ahead of it.
+
+        The request's first ``cached_tokens`` are held behind ``path`` (None: already in the
+        GPU's own cache, no wait). It waits for their reload, or recomputes them where reloading
+        loses (:meth:`reload_wins`); then prefills the other prompt tokens after them; then runs
+        the first decode step over the whole prompt, in a batch of ``batch`` sequences. At
+        least one prompt token is computed, since the model must produce logits.
+        """
+        if prompt_tokens < 1:
+            raise ConfigError(f"a prompt has at least one token, got {prompt_tokens}")
+        if not 0 <= cached_tokens < prompt_tokens:
+            raise ConfigError(
+                f"cached tokens must be in [0, {prompt_tokens - 1}] for a prompt of "
+                f"{prompt_tokens}, got {cached_tokens}"
+            )
+        if cached_tokens and path is not None:
+            if self.reload_wins(path, cached_tokens):
+                wait = self.reload_seconds(path, cached_tokens)
+            else:
+                wait = self.recompute_seconds(cached_tokens)
+        else:
+            wait = 0.0
+        new = prompt_tokens - cached_tokens
+        prefill = self.recompute_seconds(new, cached_tokens)
+        return wait + prefill + self.compute.decode_step_seconds(prompt_tokens, batch)
+
     def reload_wins(self, path: TransferPath, tokens: int) -> bool:
         """True when reloading ``tokens`` of prefix is strictly faster than recomputing them."""
         return self.reload_seconds(path, tokens) < self.recompute_seconds(tokens)

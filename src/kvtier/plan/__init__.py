@@ -12,6 +12,7 @@ from kvtier.plan.planner import (
     TierSpec,
     default_prefix_lengths,
     plan,
+    request_ttft,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "parse_reserve",
     "parse_shared",
     "plan",
+    "request_ttft",
 ]

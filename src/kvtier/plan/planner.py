@@ -112,6 +112,7 @@ class TierReport:
     capacity_bytes: float | None
     codec_ratio: float
     latency_s: float
+    request_s: float
     reload_bandwidth_per_gpu: float
     break_even_tokens: int | None
     prefix_reload_s: float
@@ -124,7 +125,15 @@ class TierReport:
 
 @dataclass
 class Row:
-    """The plan at one concurrency. Byte figures are node totals (all GPUs)."""
+    """The plan at one concurrency. Byte figures are node totals (all GPUs).
+
+    ``ttft_s``: time to first token of one request at this concurrency, with nothing queued
+    ahead of it: its wait for the prefix (reloaded from the place it sits, or recomputed where
+    the reload loses or the prefix is nowhere; none when it is in HBM), then the prefill of its
+    new prompt tokens after the prefix, then the first decode step at this row's running batch.
+    It is the average over where the prefix sits, weighted by each place's share of the KV
+    (:func:`request_ttft` gives the figure for one place).
+    """
 
     concurrency: int
     kv_demand_bytes: float
@@ -136,6 +145,7 @@ class Row:
     running_batch: int
     wait_s_per_request: float
     gpu_s_per_request: float
+    ttft_s: float
     request_rate: float
     closed_loop: bool
     gpu_busy: float
@@ -279,6 +289,7 @@ class _Planner:
                 decode_bandwidth=t.decode_bandwidth,
                 sharers=req.gpus,
                 name=t.role,
+                model=req.model,
             )
             for t in req.tiers
         }
@@ -290,6 +301,22 @@ class _Planner:
             r: self.cost.reload_seconds(p, self.prefix) for r, p in self.paths.items()
         }
         self.prefill_new = self.compute.prefill_seconds(self.new, self.prefix)
+
+    def ttft(self, place: str | None, batch: int = 1) -> float:
+        """TTFT of this plan's request whose prefix sits in ``place``: ``"hbm"``, a tier's role,
+        or None (nowhere)."""
+        return self.ttft_of(self.req.context, self.prefix, place, batch)
+
+    def ttft_of(self, prompt: int, cached: int, place: str | None, batch: int = 1) -> float:
+        """TTFT of a request of ``prompt`` tokens whose first ``cached`` sit in ``place``."""
+        if place is None:  # held nowhere: the whole prompt is computed
+            return self.cost.ttft_seconds(prompt, 0, batch=batch)
+        if place == "hbm":
+            return self.cost.ttft_seconds(prompt, cached, None, batch)
+        if place not in self.paths:
+            known = ", ".join(["hbm", *self.paths])
+            raise ConfigError(f"no tier {place!r} in this plan (places: {known})")
+        return self.cost.ttft_seconds(prompt, cached, self.paths[place], batch)
 
     def reloads(self, role: str) -> bool:
         return self.prefix > 0 and self.reload_prefix[role] < self.recompute_prefix
@@ -326,6 +353,8 @@ class _Planner:
         batch = max(1, min(c, cap.max_concurrency))
         decode = req.output_tokens * self.compute.decode_step_seconds(req.context, batch) / batch
         gpu = self.prefill_new + recompute_share * self.recompute_prefix + decode
+        places = {"hbm": hbm / demand, None: unplaced_share, **shares}
+        ttft = sum(share * self.ttft(place, batch) for place, share in places.items() if share)
         closed = req.request_rate is None
         rate = 1.0 / (gpu + wait) if closed else float(req.request_rate)
         link_util = rate * link_bytes / req.link.achieved_bandwidth
@@ -351,6 +380,7 @@ class _Planner:
             running_batch=batch,
             wait_s_per_request=wait,
             gpu_s_per_request=gpu,
+            ttft_s=ttft,
             request_rate=rate,
             closed_loop=closed,
             gpu_busy=rate * (gpu + wait),
@@ -586,6 +616,7 @@ def _tier_reports(planner: _Planner) -> list[TierReport]:
                 capacity_bytes=tier.capacity_bytes,
                 codec_ratio=tier.codec_ratio,
                 latency_s=path.latency_s,
+                request_s=path.request_s,
                 reload_bandwidth_per_gpu=path.bandwidth,
                 break_even_tokens=planner.cost.break_even_tokens(path, max_tokens),
                 prefix_reload_s=planner.reload_prefix[tier.role],
@@ -646,6 +677,20 @@ def plan(req: PlanRequest) -> Plan:
         warnings=_warnings(planner),
         notes=_notes(planner),
     )
+
+
+def request_ttft(
+    req: PlanRequest, prompt_tokens: int, cached_tokens: int = 0, tier: str | None = None
+) -> float:
+    """Seconds to the first token of one request alone on the GPU(s) of ``req``.
+
+    The request has ``prompt_tokens`` tokens whose first ``cached_tokens`` are held in ``tier``:
+    a role of ``req.tiers`` (reloaded over that tier's path, or recomputed where the reload
+    loses), ``"hbm"`` (already in the GPU's cache) or None (held nowhere: the whole prompt is
+    computed). The same figure the planner's rows average (see :class:`Row`), with the first
+    decode step in a batch of one. ``req.context`` and ``req.prefix_reuse`` play no part.
+    """
+    return _Planner(req).ttft_of(prompt_tokens, cached_tokens, tier)
 
 
 def reload_curves(req: PlanRequest, lengths: list[int]) -> dict[str, list[Comparison]]:

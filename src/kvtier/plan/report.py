@@ -129,7 +129,8 @@ def render(result: Plan, console: Console) -> None:
         cmp.add_row(*cells)
         cells = ["reload path", ""]
         for t in result.tiers:
-            cells.append(f"{_seconds(t.latency_s)} + {t.reload_bandwidth_per_gpu / 1e9:.1f} GB/s")
+            fixed = t.latency_s + t.request_s
+            cells.append(f"{_seconds(fixed)} + {t.reload_bandwidth_per_gpu / 1e9:.1f} GB/s")
         cmp.add_row(*cells)
         console.print(cmp)
 

@@ -1,4 +1,4 @@
-"""Plan's time to first token: prefix wait + prefill of the rest + the first decode step."""
+"""Plan's time to first token: the prefix's wait + the prefill of the rest (it samples)."""
 
 import pytest
 
@@ -25,15 +25,14 @@ def path(medium: str) -> TransferPath:
     return TransferPath.from_specs(get_storage(medium), PCIE5, model=MODEL)
 
 
-def test_ttft_adds_the_prefix_wait_the_rest_of_the_prefill_and_one_decode_step():
+def test_ttft_adds_the_prefix_wait_and_the_rest_of_the_prefill():
     req, n, p = request(), 32_768, 30_000
-    decode = COMPUTE.decode_step_seconds(n, 1)
     rest = COMPUTE.prefill_seconds(n - p, p)
-    assert request_ttft(req, n, p, "hbm") == pytest.approx(rest + decode)
-    assert request_ttft(req, n, p, None) == pytest.approx(COMPUTE.prefill_seconds(n) + decode)
+    assert request_ttft(req, n, p, "hbm") == pytest.approx(rest)
+    assert request_ttft(req, n, p, None) == pytest.approx(COMPUTE.prefill_seconds(n))
     reload = COST.reload_seconds(path("dram"), p)
     assert reload < COST.recompute_seconds(p)
-    assert request_ttft(req, n, p, "dram") == pytest.approx(reload + rest + decode)
+    assert request_ttft(req, n, p, "dram") == pytest.approx(reload + rest)
 
 
 def test_a_reload_that_loses_is_recomputed():

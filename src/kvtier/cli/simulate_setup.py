@@ -292,7 +292,13 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
                 f"--chunk-tokens {chunk} must be a multiple of the {block}-token block"
             )
         kv = kvtier_from_specs(
-            choices, host, a.gpus, chunk_tokens=chunk, preload=a.preload, decide=a.decide
+            choices,
+            host,
+            a.gpus,
+            model=spec,
+            chunk_tokens=chunk,
+            preload=a.preload,
+            decide=a.decide,
         )
         kv = replace(kv, tiers=tuple(replace(t, eviction=a.eviction) for t in kv.tiers))
     elif a.preemption == "offload":

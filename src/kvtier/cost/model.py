@@ -69,15 +69,14 @@ class CostModel:
         prompt_tokens: int,
         cached_tokens: int = 0,
         path: TransferPath | None = None,
-        batch: int = 1,
     ) -> float:
         """Seconds to the first token of one request, with nothing queued ahead of it.
 
         The request's first ``cached_tokens`` are held behind ``path`` (None: already in the
         GPU's own cache, no wait). It waits for their reload, or recomputes them where reloading
-        loses (:meth:`reload_wins`); then prefills the other prompt tokens after them; then runs
-        the first decode step over the whole prompt, in a batch of ``batch`` sequences. At
-        least one prompt token is computed, since the model must produce logits.
+        loses (:meth:`reload_wins`); then prefills the other prompt tokens after them, whose last
+        forward samples the first token (as vLLM does). At least one prompt token is computed,
+        since the model must produce logits.
         """
         if prompt_tokens < 1:
             raise ConfigError(f"a prompt has at least one token, got {prompt_tokens}")
@@ -95,7 +94,7 @@ class CostModel:
             wait = 0.0
         new = prompt_tokens - cached_tokens
         prefill = self.recompute_seconds(new, cached_tokens)
-        return wait + prefill + self.compute.decode_step_seconds(prompt_tokens, batch)
+        return wait + prefill
 
     def reload_wins(self, path: TransferPath, tokens: int) -> bool:
         """True when reloading ``tokens`` of prefix is strictly faster than recomputing them."""

@@ -130,7 +130,7 @@ class Row:
     ``ttft_s``: time to first token of one request at this concurrency, with nothing queued
     ahead of it: its wait for the prefix (reloaded from the place it sits, or recomputed where
     the reload loses or the prefix is nowhere; none when it is in HBM), then the prefill of its
-    new prompt tokens after the prefix, then the first decode step at this row's running batch.
+    new prompt tokens after the prefix, whose last forward samples the first token.
     It is the average over where the prefix sits, weighted by each place's share of the KV
     (:func:`request_ttft` gives the figure for one place).
     """
@@ -302,21 +302,21 @@ class _Planner:
         }
         self.prefill_new = self.compute.prefill_seconds(self.new, self.prefix)
 
-    def ttft(self, place: str | None, batch: int = 1) -> float:
+    def ttft(self, place: str | None) -> float:
         """TTFT of this plan's request whose prefix sits in ``place``: ``"hbm"``, a tier's role,
         or None (nowhere)."""
-        return self.ttft_of(self.req.context, self.prefix, place, batch)
+        return self.ttft_of(self.req.context, self.prefix, place)
 
-    def ttft_of(self, prompt: int, cached: int, place: str | None, batch: int = 1) -> float:
+    def ttft_of(self, prompt: int, cached: int, place: str | None) -> float:
         """TTFT of a request of ``prompt`` tokens whose first ``cached`` sit in ``place``."""
         if place is None:  # held nowhere: the whole prompt is computed
-            return self.cost.ttft_seconds(prompt, 0, batch=batch)
+            return self.cost.ttft_seconds(prompt, 0)
         if place == "hbm":
-            return self.cost.ttft_seconds(prompt, cached, None, batch)
+            return self.cost.ttft_seconds(prompt, cached, None)
         if place not in self.paths:
             known = ", ".join(["hbm", *self.paths])
             raise ConfigError(f"no tier {place!r} in this plan (places: {known})")
-        return self.cost.ttft_seconds(prompt, cached, self.paths[place], batch)
+        return self.cost.ttft_seconds(prompt, cached, self.paths[place])
 
     def reloads(self, role: str) -> bool:
         return self.prefix > 0 and self.reload_prefix[role] < self.recompute_prefix
@@ -354,7 +354,7 @@ class _Planner:
         decode = req.output_tokens * self.compute.decode_step_seconds(req.context, batch) / batch
         gpu = self.prefill_new + recompute_share * self.recompute_prefix + decode
         places = {"hbm": hbm / demand, None: unplaced_share, **shares}
-        ttft = sum(share * self.ttft(place, batch) for place, share in places.items() if share)
+        ttft = sum(share * self.ttft(place) for place, share in places.items() if share)
         closed = req.request_rate is None
         rate = 1.0 / (gpu + wait) if closed else float(req.request_rate)
         link_util = rate * link_bytes / req.link.achieved_bandwidth
@@ -687,8 +687,8 @@ def request_ttft(
     The request has ``prompt_tokens`` tokens whose first ``cached_tokens`` are held in ``tier``:
     a role of ``req.tiers`` (reloaded over that tier's path, or recomputed where the reload
     loses), ``"hbm"`` (already in the GPU's cache) or None (held nowhere: the whole prompt is
-    computed). The same figure the planner's rows average (see :class:`Row`), with the first
-    decode step in a batch of one. ``req.context`` and ``req.prefix_reuse`` play no part.
+    computed). The same figure the planner's rows average (see :class:`Row`). ``req.context``
+    and ``req.prefix_reuse`` play no part.
     """
     return _Planner(req).ttft_of(prompt_tokens, cached_tokens, tier)
 

@@ -102,10 +102,20 @@ class LoadOrRecompute:
         recompute = self.compute.prefill_seconds(prompt_tokens, 0)
         best = (recompute, 0, 0.0, recompute)
         counts: Counter[str] = Counter()
+        per_tier: dict[str, float] = {}  # predicted seconds of each tier's share of the load
+        chunk_bytes = self.kv_bytes_per_token * self.chunk_tokens
+        queued = queued_s or {}
+        load = 0.0
         for k in range(1, usable + 1):
-            counts[hit_tiers[k - 1]] += 1
+            tier = hit_tiers[k - 1]
+            counts[tier] += 1
             cached = k * self.chunk_tokens
-            load = self._load_counts(counts, queued_s)
+            path = self.paths.get(tier)
+            if path is None:
+                raise ConfigError(f"no transfer path calibrated for tier {tier!r}")
+            now = path.seconds(chunk_bytes * counts[tier]) + queued.get(tier, 0.0)
+            load += now - per_tier.get(tier, 0.0)
+            per_tier[tier] = now
             # an engine that recomputes the last token of a whole hit still runs one token
             prefill = self.compute.prefill_seconds(max(prompt_tokens - cached, 1), cached)
             if load + prefill < best[0]:

@@ -398,7 +398,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
     namespace = Namespace(
         model_id, fingerprint, "bfloat16", geometry.layers, geometry.kv_heads, geometry.head_dim
     )
-    keyer = ChunkKeyer(namespace, config.chunk_tokens)
+    keyer = ChunkKeyer(namespace, BLOCK_TOKENS)  # records key vLLM's blocks, for replays
     kv_per_token = int(geometry.kv_bytes_per_token())
     use_kvtier = connector_available() if config.kvtier is None else config.kvtier
     notes: list[str] = []
@@ -592,6 +592,7 @@ def _config_dict(config: VllmRunConfig, kvtier: bool) -> dict[str, Any]:
     out["work_dir"] = str(config.work_dir)
     out["shm_dir"] = str(config.shm_dir)
     out["kvtier"] = kvtier
+    out["record_block_tokens"] = BLOCK_TOKENS
     return out
 
 

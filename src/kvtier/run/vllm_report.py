@@ -28,7 +28,9 @@ class RequestRecord:
     wanted to send it; sent: when a concurrency slot let it go). ``hit_tokens`` maps a tier
     (``vllm`` for the engine's own prefix cache, then kvtier's tiers) to prompt tokens found
     there; ``load_wait_s`` is how long the engine waited for kvtier's KV (None without it).
-    ``block_hashes`` are the prompt's chained kvtier keys (hex, one per full chunk).
+    ``block_hashes`` are the prompt's chained keys (hex, one per full block of vLLM's
+    ``record_block_tokens`` in the report's config), so a replay finds the prefixes vLLM's
+    own cache could share.
     """
 
     session: str

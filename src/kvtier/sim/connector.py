@@ -66,7 +66,7 @@ class Connector:
         host_bw = spec.host_link_bandwidth
         self.decision = LoadOrRecompute(
             timer,
-            engine.kv_bytes_per_token,
+            engine.kv_bytes_per_token / tiers[0].spec.sharers,
             {t.name: t.path(host_bw, spec.host_link_latency_s) for t in tiers},
             spec.chunk_tokens,
         )
@@ -147,7 +147,7 @@ class Connector:
         done = r.computed // self.chunk
         for c in range(r.stored_chunks, done):
             key = self.chunk_key(r, c)
-            value = self.timer.prefill_seconds(self.chunk, c * self.chunk)
+            value = self.timer.step_seconds(((self.chunk, c * self.chunk),), ())
             host = self.host_out
             for tier in self.tiers:
                 if tier.offer(key, self.chunk_bytes, now, host, value) is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.cost.compute import RooflineCompute
+from kvtier.cost.transfer import TransferPath
 from kvtier.errors import ConfigError, SpecError
 from kvtier.sim.config import EngineSpec, KvtierSpec
 from kvtier.sim.tiers import TierSpec
@@ -93,11 +94,17 @@ def timer_from_specs(
     return RooflineTimer(RooflineCompute(model, gpu, gpus, mfu, mbu), budget=budget)
 
 
-def tier_specs(choices: list[TierChoice], gpus: int = 1) -> tuple[TierSpec, ...]:
+def tier_specs(
+    choices: list[TierChoice],
+    gpus: int = 1,
+    link: Link | None = None,
+    model: ModelSpec | None = None,
+) -> tuple[TierSpec, ...]:
     """The simulator's tiers for the planner's choices (a shared tier is shared by replicas).
 
     Each rank of a tensor-parallel replica reads its share of a chunk: the medium's bandwidth
-    is the node's; the host links are per GPU and so scale with ``gpus``.
+    is the node's; the host links are per GPU and so scale with ``gpus``. With the host
+    ``link``, each tier carries the cost model's load path (as ``kvtier plan`` builds it).
     """
     out = []
     for t in choices:
@@ -115,6 +122,18 @@ def tier_specs(choices: list[TierChoice], gpus: int = 1) -> tuple[TierSpec, ...]
                 decode_bandwidth=t.decode_bandwidth * gpus if t.decode_bandwidth else None,
                 shared=t.role == "shared",
                 dwpd=s.dwpd,
+                path=None
+                if link is None
+                else TransferPath.from_specs(
+                    s,
+                    link,
+                    codec_ratio=t.codec_ratio,
+                    decode_bandwidth=t.decode_bandwidth,
+                    sharers=gpus,
+                    name=t.role,
+                    model=model,
+                ),
+                sharers=gpus,
             )
         )
     return tuple(out)
@@ -125,12 +144,13 @@ def kvtier_from_specs(
     link: Link,
     gpus: int = 1,
     *,
+    model: ModelSpec | None = None,
     chunk_tokens: int = 256,
     **options,
 ) -> KvtierSpec:
     """kvtier's connector over the planner's tiers, KV crossing ``link`` on each GPU."""
     return KvtierSpec(
-        tiers=tier_specs(choices, gpus),
+        tiers=tier_specs(choices, gpus, link, model),
         chunk_tokens=chunk_tokens,
         host_link_bandwidth=link.achieved_bandwidth * gpus,
         host_link_latency_s=link.latency_s,

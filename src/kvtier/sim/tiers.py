@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kvtier.cost.transfer import TransferPath
 from kvtier.errors import ConfigError
-from kvtier.sim.links import Leg, LinkQueue, book
+from kvtier.sim.links import Leg, LinkQueue, book, unbooked_seconds
 from kvtier.tiers.ledger import BlockLedger
 
 #: The capacity of a tier given none: its server's, beyond any simulated workload.
@@ -28,7 +28,10 @@ class TierSpec:
     None: unlimited), codec ratio (raw/stored) and decode speed (raw bytes/s; None: no codec
     stage), books (eviction, admission after N offers), and whether every replica shares it.
     ``fixed_s`` is a load's fixed cost beyond the latency (lookups, submitting the reads);
-    ``dwpd`` the drive's rated writes per day (flash tiers)."""
+    ``dwpd`` the drive's rated writes per day (flash tiers). ``path``: the cost model's load
+    path for one of ``sharers`` tensor-parallel ranks (from specs, with the load path's fixed and
+    per-copy costs); a read then takes what that path says on idle links, plus its waits on
+    busy ones."""
 
     name: str
     read_bandwidth: float
@@ -42,6 +45,8 @@ class TierSpec:
     admit_after: int = 1
     fixed_s: float = 0.0
     dwpd: float | None = None
+    path: TransferPath | None = None
+    sharers: int = 1
 
     def __post_init__(self) -> None:
         if min(self.read_bandwidth, self.write_bandwidth) <= 0:
@@ -105,8 +110,15 @@ class SimTier:
         """Book a read of ``keys`` (``raw_bytes`` in all); the blocks count as used."""
         self.ledger.touch_many(keys)
         self.read_bytes += raw_bytes / self.spec.codec_ratio
-        transfer = book(now, self.read_legs(raw_bytes, host))
-        transfer.end += self.spec.fixed_s
+        legs = self.read_legs(raw_bytes, host)
+        transfer = book(now, legs)
+        path = self.spec.path
+        if path is not None:
+            transfer.end += max(
+                0.0, path.seconds(raw_bytes / self.spec.sharers) - unbooked_seconds(legs)
+            )
+        else:
+            transfer.end += self.spec.fixed_s
         return transfer
 
     def offer(
@@ -137,13 +149,25 @@ class SimTier:
         self.written_bytes += size
         return landed
 
+    def hold(self, key: bytes, raw_bytes: float) -> bool:
+        """Book a block as already held, with no I/O (a tier warm from earlier work)."""
+        size = self.stored_size(raw_bytes)
+        if key in self.ledger.index:
+            return True
+        ok, _ = self.ledger.make_room(size, self._drop)
+        if ok:
+            self.ledger.add(key, float("-inf"), size)
+        return ok
+
     def _drop(self, key: bytes, entry: float, size: int) -> None:
         self.ledger.release(size)
         self.evicted += 1
 
     def path(self, host_bandwidth: float | None, host_latency: float = 0.0) -> TransferPath:
-        """The tier's load path as the cost model sees it (idle links)."""
+        """The tier's load path as the cost model sees it (idle links; bytes of one rank)."""
         spec = self.spec
+        if spec.path is not None:
+            return spec.path
         read = spec.read_bandwidth
         if self.network is not None:
             read = min(read, self.network.bandwidth)

@@ -137,8 +137,9 @@ class MeasuredTimer:
 class RooflineTimer:
     """A step from specs: max(compute time of its FLOPs, HBM time of weights + KV) + overhead.
 
-    Prefill chunks cost their linear and attention FLOPs (``RooflineCompute.prefill_flops``);
-    each decode one token's FLOPs and its context's KV read; the weights are read once per step.
+    Prefill chunks cost their linear and attention FLOPs (as ``RooflineCompute.prefill_flops``
+    counts them); each decode one token's FLOPs and its context's KV read; the weights are read
+    once per step. The model's constants are taken once, so a step costs a few multiplications.
     """
 
     compute: RooflineCompute
@@ -146,21 +147,45 @@ class RooflineTimer:
     request_overhead_s: float = 0.0
     budget: int = 8192
 
+    def __post_init__(self) -> None:
+        c = self.compute
+        m = c.model
+        qk, v = m.attention_dims()
+        fps = c.flops_per_second
+        hbm = c.gpu.hbm_bandwidth * c.mbu
+        # seconds per linear token, per attention pair (new token × context token)
+        object.__setattr__(self, "_linear_s", 2.0 * m.params_per_token / fps)
+        object.__setattr__(self, "_pair_s", 2.0 * m.layers * m.attention_heads * (qk + v) / fps)
+        object.__setattr__(self, "_weights_s", c.decode_step_bytes(0, 0) / hbm)
+        object.__setattr__(self, "_kv_s", m.kv_bytes_per_token(c.tp) / hbm)
+
     def step_seconds(
         self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
     ) -> float:
         if not prefill and not decode_contexts:
             return 0.0
-        c = self.compute
-        flops = sum(c.prefill_flops(n, k) for n, k in prefill)
-        flops += sum(c.prefill_flops(1, ctx) for ctx in decode_contexts)
-        kv_read = sum(decode_contexts) + sum(k for _, k in prefill)
-        memory = c.decode_step_bytes(0, 0) + kv_read * c.model.kv_bytes_per_token(c.tp)
-        memory_s = memory / (c.gpu.hbm_bandwidth * c.mbu)
-        return max(flops / c.flops_per_second, memory_s) + self.step_overhead_s
+        tokens = len(decode_contexts)
+        pairs = float(sum(decode_contexts)) + tokens
+        kv = float(sum(decode_contexts))
+        for n, k in prefill:
+            tokens += n
+            pairs += n * (k + (n + 1) / 2)
+            kv += k
+        compute = tokens * self._linear_s + pairs * self._pair_s  # type: ignore[attr-defined]
+        memory = self._weights_s + kv * self._kv_s  # type: ignore[attr-defined]
+        return max(compute, memory) + self.step_overhead_s
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:
-        return _chunked(self, self.budget, new, cached)
+        linear, pair = self._linear_s, self._pair_s  # type: ignore[attr-defined]
+        weights, kv = self._weights_s, self._kv_s  # type: ignore[attr-defined]
+        total, done, budget = 0.0, 0, self.budget
+        while done < new:
+            n = min(budget, new - done)
+            k = cached + done
+            compute = n * linear + n * (k + (n + 1) / 2) * pair
+            total += max(compute, weights + k * kv) + self.step_overhead_s
+            done += n
+        return total
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""

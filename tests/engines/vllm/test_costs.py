@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtier.engines.vllm.costs import OnlineCosts
+from kvtier.engines.vllm.costs import EXPLORE_EVERY, MIN_LOADS, OnlineCosts
 
 CHUNK = 256
 CHUNK_BYTES = 6 << 20
@@ -12,8 +12,9 @@ def _measured(bytes_per_s: float) -> OnlineCosts:
     costs = OnlineCosts(("host", "disk"), CHUNK, CHUNK_BYTES)
     for new in (256, 512, 1024, 2048, 4096):  # 1 ms per token of prefill
         costs.observe_prefill(new, 0, new * 1e-3)
-    costs.observe_load("host", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
-    costs.observe_load("disk", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
+    for _ in range(MIN_LOADS):
+        costs.observe_load("host", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
+        costs.observe_load("disk", 10 * CHUNK_BYTES, 10 * CHUNK_BYTES / bytes_per_s, 10)
     return costs
 
 
@@ -46,3 +47,24 @@ def test_measurements_are_reported():
     info = costs.as_dict()
     assert info["prefill_fitted"] and info["prefill_samples"] == 5
     assert abs(info["tier_bytes_per_s"]["disk"] - 1e9) < 1e3
+
+
+def test_one_slow_first_load_does_not_condemn_a_tier():
+    costs = OnlineCosts(("host",), CHUNK, CHUNK_BYTES)
+    for new in (256, 512, 1024, 2048, 4096):
+        costs.observe_prefill(new, 0, new * 1e-3)
+    costs.observe_load("host", CHUNK_BYTES, 10.0, 1)  # a cold first read: 10 s for one chunk
+    want, decision = costs.decide(2000, 0, ["host"] * 7)
+    assert (want, decision) == (7, None)  # still unmeasured: load, and so measure again
+    for _ in range(MIN_LOADS):
+        costs.observe_load("host", CHUNK_BYTES, CHUNK_BYTES / 10e9, 1)
+    want, decision = costs.decide(2000, 0, ["host"] * 7)
+    assert want == 7 and decision is not None and decision.action == "load"
+
+
+def test_a_tier_passed_over_for_long_is_loaded_again_to_measure_it():
+    slow = _measured(1e6)
+    actions = [slow.decide(2000, 0, ["disk"] * 7)[1] for _ in range(EXPLORE_EVERY + 1)]
+    assert all(a is not None and a.action == "recompute" for a in actions[:EXPLORE_EVERY])
+    assert actions[EXPLORE_EVERY] is None  # the explore round loads every hit
+    assert slow.decide(2000, 0, ["disk"] * 7)[1].action == "recompute"

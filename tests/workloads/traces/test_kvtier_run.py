@@ -88,7 +88,7 @@ def test_bad_records_phases_and_block_sizes(tmp_path):
     assert (len(trace.requests), trace.skipped) == (5, 1)
     with pytest.raises(ConfigError, match="no phase 'sglang' in the run; it has vllm, vllm"):
         read_trace(REPORT, "kvtier-run", system="sglang")
-    with pytest.raises(ConfigError, match="256-token chunks; block_tokens 512"):
+    with pytest.raises(ConfigError, match="256-token blocks; block_tokens 512"):
         read_trace(REPORT, "kvtier-run", block_tokens=512)
     path.write_text('{"phases": [\n  {"system": "vllm",,}\n]}')
     with pytest.raises(ConfigError, match=r"run.json:2: not a JSON run report"):

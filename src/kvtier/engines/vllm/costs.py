@@ -5,8 +5,12 @@ and every load (bytes and seconds, per tier) and sends them to the scheduler sid
 the prefill curve (:func:`~kvtier.cost.online.robust_prefill_fit`) and each tier's read speed,
 and decides with the same :class:`~kvtier.policy.decision.LoadOrRecompute` as every kvtier
 engine. Chunks vLLM's own prefix cache holds enter as the tier ``engine``, which costs nothing
-to "load". Until the prefill curve and a tier's speed have been measured, every hit is loaded:
-a cold cache has nothing better to go on, and the first loads are what measure the tier.
+to "load". Until the prefill curve and a tier's speed have been measured (``MIN_LOADS`` loads),
+every hit is loaded: a cold cache has nothing better to go on, and the first loads are what
+measure the tier. A tier's speed is the median of its recent loads' rates, so one slow load (a
+cold page cache, a noisy neighbour) does not condemn it; and a tier the decision keeps passing
+over is loaded again once every ``EXPLORE_EVERY`` such decisions, so an estimate that went bad
+is measured again instead of holding for good.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ ENGINE = "engine"
 MIN_PREFILLS = 4
 #: Samples kept per kind (the most recent ones).
 KEEP = 256
+#: Loads a tier needs before its measured speed may argue against loading from it.
+MIN_LOADS = 3
+#: A tier passed over this many times in a row is loaded once more, to measure it again.
+EXPLORE_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class OnlineCosts:
         self._loads: dict[str, list[tuple[int, float, int]]] = {n: [] for n in tier_names}
         self._fit: PrefillFit | None = None
         self._paths: dict[str, MeasuredPath] = {}
+        self._passed: dict[str, int] = {n: 0 for n in tier_names}
         self._lock = threading.Lock()
 
     # --- measurements ----------------------------------------------------------------------
@@ -87,9 +96,10 @@ class OnlineCosts:
             samples = self._loads[tier]
             samples.append((int(nbytes), float(seconds), int(chunks)))
             del samples[:-KEEP]
-            total_b = sum(b for b, _, _ in samples)
-            total_s = sum(s for _, s, _ in samples)
-            self._paths[tier] = MeasuredPath(0.0, total_b / total_s)
+            rates = sorted(b / s for b, s, _ in samples)
+            self._passed[tier] = 0
+            if len(samples) >= MIN_LOADS:
+                self._paths[tier] = MeasuredPath(0.0, rates[len(rates) // 2])
 
     # --- what they say -----------------------------------------------------------------------
     @property
@@ -122,8 +132,12 @@ class OnlineCosts:
         with self._lock:
             fit = self._fit
             paths: dict[str, object] = dict(self._paths)
+            used = set(hit_tiers)
+            stale = [t for t in used if self._passed.get(t, 0) >= EXPLORE_EVERY]
+            for t in stale:
+                self._passed[t] = 0
         everything = local_chunks + len(hit_tiers)
-        if fit is None or any(t not in paths for t in set(hit_tiers)):
+        if fit is None or stale or any(t not in paths for t in used):
             return everything, None
         paths[ENGINE] = _Free()
         bandwidth = {t: p for t, p in paths.items() if isinstance(p, MeasuredPath)}
@@ -139,7 +153,12 @@ class OnlineCosts:
             queued_s,
             usable=everything,
         )
-        return max(decision.load_chunks, local_chunks), decision
+        want = max(decision.load_chunks, local_chunks)
+        with self._lock:
+            for t in set(hit_tiers[want - local_chunks :]):
+                if t in self._passed:
+                    self._passed[t] += 1
+        return want, decision
 
     def as_dict(self) -> dict:
         """What has been measured (JSON-ready)."""

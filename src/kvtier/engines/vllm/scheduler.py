@@ -182,6 +182,7 @@ class SchedulerSide:
         st.stored = max(st.stored, local + found.hit_chunks)
         if want <= local:
             st.plan = None
+            st.decision = decision.action if decision is not None else "recompute"
             return 0, False
         wanted = want - local
         on_host = all(t == 0 for t in found.tiers[:wanted])

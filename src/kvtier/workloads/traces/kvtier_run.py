@@ -51,6 +51,13 @@ class RunMeta:
     tiers: tuple[tuple[str, int], ...] = ()
     kv_bytes_per_token: int | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    key_tokens: int = 0
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per recorded key: the engine's block where the run recorded those, else the
+        chunk."""
+        return self.key_tokens or self.chunk_tokens
 
 
 def read_kvtier_run(
@@ -86,9 +93,9 @@ def read_kvtier_run(
     else:
         raise ConfigError(f"{where}: no phase '{system}' in the run; it has {', '.join(names)}")
     meta = _meta(report, phase, where)
-    if block_tokens is not None and block_tokens != meta.chunk_tokens:
+    if block_tokens is not None and block_tokens != meta.block_tokens:
         raise ConfigError(
-            f"{where}: the run's keys are of {meta.chunk_tokens}-token chunks; "
+            f"{where}: the run's keys are of {meta.block_tokens}-token blocks; "
             f"block_tokens {block_tokens} cannot be read from them"
         )
     records = phase.get("requests")
@@ -101,7 +108,7 @@ def read_kvtier_run(
             if not isinstance(record, dict):
                 raise BadLine("a request record must be a JSON object")
             due = number(record, "due_s") * time_unit_s
-            _check(record, meta.chunk_tokens)
+            _check(record, meta.block_tokens)
         except BadLine as e:
             if not skip_bad:
                 raise ConfigError(
@@ -110,7 +117,7 @@ def read_kvtier_run(
             skipped += 1
             continue
         parsed.append((record, due, i))
-    return _requests(parsed, meta.chunk_tokens, time_unit_s), skipped, meta
+    return _requests(parsed, meta.block_tokens, time_unit_s), skipped, meta
 
 
 def _check(record: dict[str, Any], chunk: int) -> None:
@@ -176,6 +183,7 @@ def _meta(report: dict[str, Any], phase: dict[str, Any], where: str) -> RunMeta:
     engine = {k: prefill.get(k) for k in PREFILL_FIELDS}
     engine["decode_step_s"] = engine_section.get("decode_step_s")
     system = str(phase.get("system"))
+    key = config.get("record_block_tokens")
     values = {
         "concurrency": config.get("concurrency"),
         "pool_blocks": server.get("pool_blocks", config.get("pool_blocks")),
@@ -206,6 +214,7 @@ def _meta(report: dict[str, Any], phase: dict[str, Any], where: str) -> RunMeta:
         tiers=tiers,
         kv_bytes_per_token=kv if type(kv) is int else None,
         metrics=metrics,
+        key_tokens=key if type(key) is int and key > 0 else 0,
         **values,
     )
 

@@ -154,7 +154,7 @@ def test_the_smallest_run_measures_every_request(smallest_run):
     for r in reqs:
         assert r["prompt_tokens"] >= 2048 and r["output_tokens"] == 4
         assert 0 < r["ttft_s"] < r["e2e_s"]
-        assert len(r["block_hashes"]) == r["prompt_tokens"] // 256
+        assert len(r["block_hashes"]) == r["prompt_tokens"] // doc["config"]["record_block_tokens"]
         assert r["cached_tokens"] is not None and r["hit_tokens"]["vllm"] == r["cached_tokens"]
     # once the first two computed it, every request finds the system prompt in vLLM's pool
     later = sorted(reqs, key=lambda r: r["sent_s"])[2:]

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from kvtier.errors import ConfigError
+
 DEFAULT_DRAM = "256GB"
 DEFAULT_NVME = "3.84TB"
 
@@ -120,6 +122,13 @@ def simulate_command(
             "(prompt scale), preemption, eviction — the memory-wall table and plot."
         ),
     ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            help="With a kvtier-run trace: replay each of its phases and set the simulated "
+            "TTFT, end to end and preemptions beside the measured ones."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
     records: Annotated[
         bool, typer.Option(help="With --json: include every request's record.")
@@ -145,6 +154,19 @@ def simulate_command(
 
         usable_directory(plot, "--plot", keep=True)
     spec = setup.parse_sweep(sweep) if sweep else None
+    if compare:
+        if spec is not None:
+            raise ConfigError("--compare and --sweep do not go together")
+        sim_args = setup.SimArgs(**{k: v for k, v in args.items() if k in setup.ARG_NAMES})
+        found = setup.compare_with_run(sim_args)
+        if as_json:
+            sys.stdout.write(json.dumps(found, indent=2) + "\n")
+            return
+        from kvtier.cli.console import table_console
+        from kvtier.sim.report import render_compare
+
+        render_compare(found, table_console())
+        return
     built = setup.build(setup.SimArgs(**{k: v for k, v in args.items() if k in setup.ARG_NAMES}))
     if spec is None:
         result = _run(built, as_json)

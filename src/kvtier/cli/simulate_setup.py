@@ -429,3 +429,75 @@ def run_sweep(
 
 
 __all__ = ["ARG_NAMES", "SWEEPABLE", "Built", "SimArgs", "SweepSpec", "build", "parse_sweep"]
+
+
+def _measured_percentiles(requests: list, name: str) -> dict[str, float | None]:
+    from kvtier.sim.results import percentiles
+
+    return percentiles([float(r.measured[name]) for r in requests if r.measured.get(name)])
+
+
+def compare_with_run(a: SimArgs) -> dict[str, Any]:
+    """Replay every phase of a ``kvtier run`` report and set the simulated figures beside the
+    measured ones: TTFT and end-to-end p50/p95 and vLLM's preemption counter, per phase
+    (``vllm`` without kvtier's tiers, the others with them)."""
+    from kvtier.sim.simulator import simulate
+    from kvtier.workloads.traces import read_trace
+
+    if a.trace is None or a.trace_format != "kvtier-run":
+        raise ConfigError("--compare replays a kvtier run report: give --trace-format kvtier-run")
+    try:
+        report = json.loads(Path(a.trace).read_text())
+        systems = [str(p.get("system")) for p in report.get("phases") or []]
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{a.trace}: not a kvtier run report ({exc})") from None
+    if not systems:
+        raise ConfigError(f"{a.trace}: the run report has no phases")
+    phases = []
+    calibration = None
+    for system in systems:
+        run_args = replace(a, phase=system, kvtier="kvtier" in system)
+        built = build(run_args)
+        calibration = calibration or built.calibration
+        run = read_trace(a.trace, "kvtier-run", system=system).run
+        result = simulate(built.config, built.requests)
+        measured_preempt = None
+        if run is not None:
+            measured_preempt = sum(
+                v for k, v in run.metrics.items() if k.startswith("vllm:num_preemptions")
+            )
+        row: dict[str, Any] = {"system": system, "requests": len(built.requests)}
+        for name in ("ttft_s", "e2e_s"):
+            want = _measured_percentiles(built.requests, name)
+            got = result.summary[name]
+            row[name] = {
+                "measured": {k: want[k] for k in ("p50", "p95")},
+                "simulated": {k: got[k] for k in ("p50", "p95")},
+                "error": {
+                    k: (got[k] / want[k] - 1) if want[k] and got[k] is not None else None
+                    for k in ("p50", "p95")
+                },
+            }
+        row["preemptions"] = {
+            "measured": measured_preempt,
+            "simulated": result.summary["preemptions"],
+        }
+        row["hit_tokens"] = {
+            "measured": _measured_hits(built.requests),
+            "simulated": result.summary["hit_tokens"],
+        }
+        phases.append(row)
+    return {
+        "trace": str(a.trace),
+        "calibration": str(a.calibration) if a.calibration else None,
+        "timer": calibration.timer.to_dict() if calibration is not None else None,
+        "phases": phases,
+    }
+
+
+def _measured_hits(requests: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in requests:
+        for tier, n in (r.measured.get("hit_tokens") or {}).items():
+            out[str(tier)] = out.get(str(tier), 0) + int(n)
+    return out

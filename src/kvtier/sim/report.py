@@ -104,4 +104,29 @@ def render_sweep(name: str, rows: list[dict[str, Any]], console: Console) -> Non
     console.print(table)
 
 
-__all__ = ["render", "render_sweep"]
+__all__ = ["render", "render_compare", "render_sweep"]
+
+
+def render_compare(found: dict[str, Any], console: Console) -> None:
+    """Measured against simulated, per phase of a replayed run."""
+    table = Table(title=f"replay of {found['trace']}")
+    for col in ("phase", "requests", "", "measured", "simulated", "error"):
+        table.add_column(col, justify="right")
+    for row in found["phases"]:
+        first = True
+        for name in ("ttft_s", "e2e_s"):
+            for q in ("p50", "p95"):
+                fig = row[name]
+                err = fig["error"][q]
+                table.add_row(
+                    row["system"] if first else "",
+                    str(row["requests"]) if first else "",
+                    f"{name[:-2]} {q}",
+                    _s(fig["measured"][q]),
+                    _s(fig["simulated"][q]),
+                    "—" if err is None else f"{100 * err:+.1f} %",
+                )
+                first = False
+        pre = row["preemptions"]
+        table.add_row("", "", "preemptions", str(pre["measured"]), str(pre["simulated"]), "")
+    console.print(table)

@@ -52,11 +52,12 @@ def _chunked(timer: StepTimer, budget: int, new: int, cached: int) -> float:
 
 @dataclass(frozen=True)
 class MeasuredTimer:
-    """A step costs ``step_s + token_s·T + attention_s·Σ n·(c + n/2) + context_s·Σ L + seq_s·S``.
+    """A step costs ``step_s + token_s·T + attention_s·Σn·(c + n/2) + context_s·ΣL + seq_s·(S−1)``.
 
     T is every token the step runs (prefill chunks plus one per decode), the attention term is
     summed over prefill chunks of n new tokens after c cached ones, L over the decodes'
-    contexts, S the sequences in the step (each costs its sampling and output handling).
+    contexts, S − 1 the sequences in the step beyond the first (each costs its sampling and
+    output handling; the first one's are in ``step_s``, a one-sequence decode step).
     ``request_overhead_s`` is paid once per request before it reaches the scheduler.
     ``budget`` is the engine's token budget per step (vLLM's ``max_num_batched_tokens``), used
     by :meth:`prefill_seconds`.
@@ -122,7 +123,7 @@ class MeasuredTimer:
             + self.token_s * tokens
             + self.attention_s * attention
             + self.context_s * sum(decode_contexts)
-            + self.seq_s * (len(prefill) + len(decode_contexts))
+            + self.seq_s * max(len(prefill) + len(decode_contexts) - 1, 0)
         )
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:

@@ -141,7 +141,7 @@ def build_result(sim: Simulator) -> SimResult:
         for r in done
         if (r.ttft_s or 0) <= cfg.slo_ttft_s and (r.tpot_s is None or r.tpot_s <= cfg.slo_tpot_s)
     ]
-    prompt_tokens = sum(r.prompt_tokens for r in records)
+    prompt_tokens = sum(r.prompt_tokens for r in done)
     hits: dict[str, int] = {}
     for r in records:
         for tier, n in r.hit_tokens.items():
@@ -211,6 +211,7 @@ def build_result(sim: Simulator) -> SimResult:
     summary = {
         "requests": len(records),
         "finished": len(done),
+        "rejected": sum(1 for r in sim.requests if r.state == "rejected"),
         "duration_s": makespan,
         "ttft_s": percentiles(ttft),
         "tpot_s": percentiles(tpot),

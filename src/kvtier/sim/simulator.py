@@ -135,6 +135,15 @@ class Simulator:
             self._at(now + overhead, lambda t, r=r, rep=replica: self._arrive(rep, r, t))
 
     def _arrive(self, replica: Replica, r: SimRequest, now: float) -> None:
+        e = self.config.engine
+        longest = r.prompt + r.output
+        if (e.max_model_len and longest > e.max_model_len) or (
+            -(-longest // e.block_tokens) > e.pool_blocks
+        ):  # the engine refuses what it could never hold, as vLLM does
+            r.state = "rejected"
+            r.arrived_s = now
+            self._finished(r, now)
+            return
         replica.add(r, now, lambda t, rep=replica: self._kick(rep, t))
         self._kick(replica, now)
 

@@ -1,0 +1,50 @@
+"""kvtier's connector in the simulator: loads beyond the engine's cache, the cut, preloading."""
+
+from dataclasses import replace
+
+from kvtier.sim.simulator import Simulator, simulate
+
+from .helpers import BLOCK, config, disk, dram, engine, kvtier, request, shared_prefix
+
+
+def _pushed_out(tier_specs, **kv):
+    """A long prompt, then enough others to push it out of a small engine pool, then it again."""
+    first = shared_prefix(0.0, 40 * BLOCK, 40, "x")
+    others = [request(1.0 + i, 40 * BLOCK, tag=str(i)) for i in range(3)]
+    again = shared_prefix(10.0, 40 * BLOCK, 40, "y")
+    cfg = config(engine=engine(blocks=48), kvtier=kvtier(*tier_specs, **kv))
+    return simulate(cfg, [first, *others, again])
+
+
+def test_a_prefix_pushed_out_of_the_engine_comes_back_from_the_first_tier():
+    again = _pushed_out((dram(),)).records[-1]
+    assert again.hit_tokens.get("dram", 0) >= 36 * BLOCK
+    assert again.computed_tokens < 4 * BLOCK and again.decision == "load"
+    alone = simulate(config(engine=engine(blocks=48)), [request(0.0, 40 * BLOCK)])
+    assert again.ttft_s < alone.records[0].ttft_s
+
+
+def test_a_tier_slower_than_recomputing_is_not_loaded_from():
+    crawl = replace(disk(), read_bandwidth=1e3)  # a chunk takes 32 s to read
+    again = _pushed_out((crawl,)).records[-1]
+    assert again.decision == "recompute" and "disk" not in again.hit_tokens
+    loaded = _pushed_out((crawl,), decide=False).records[-1]
+    assert loaded.hit_tokens.get("disk", 0) > 0 and loaded.ttft_s > 10 * again.ttft_s
+
+
+def test_every_completed_chunk_is_written_through_to_every_tier():
+    result = _pushed_out((dram(), disk()))
+    tiers = result.summary["tiers"]
+    assert tiers["dram[0]"]["stored_blocks"] == tiers["disk[0]"]["stored_blocks"] > 0
+    assert result.summary["links"]["disk[0]"]["bytes"] > 0
+
+
+def test_a_queued_request_is_preloaded_from_disk_into_the_first_tier():
+    sim = Simulator(
+        config(kvtier=kvtier(dram(), disk())), [shared_prefix(0.0, 20 * BLOCK, 20, "z")]
+    )
+    r, conn = sim.requests[0], sim.replicas[0].connector
+    for c in range(9):
+        conn.by_name["disk"].hold(conn.chunk_key(r, c), conn.chunk_bytes)
+    result = sim.run()
+    assert conn.preloaded_chunks == 9 and result.records[0].hit_tokens.get("dram") == 9 * 2 * BLOCK

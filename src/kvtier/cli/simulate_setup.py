@@ -98,7 +98,7 @@ class Built:
             kv = c.kvtier
             out["kvtier"] = {
                 "chunk_tokens": kv.chunk_tokens,
-                "tiers": [t.__dict__ for t in kv.tiers],
+                "tiers": [t.to_dict() for t in kv.tiers],
                 "preload": kv.preload,
                 "decide": kv.decide,
                 "host_link_bandwidth": kv.host_link_bandwidth,

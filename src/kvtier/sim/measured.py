@@ -64,7 +64,7 @@ class RunCalibration:
             "max_batched_tokens": self.engine.max_batched_tokens,
             "kv_bytes_per_token": self.engine.kv_bytes_per_token,
             "chunk_tokens": self.chunk_tokens,
-            "tiers": [t.__dict__ for t in self.tiers],
+            "tiers": [t.to_dict() for t in self.tiers],
             "fits": self.fits,
         }
 

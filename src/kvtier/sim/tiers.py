@@ -11,7 +11,7 @@ device. A block is findable once its write has landed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvtier.cost.transfer import TransferPath
 from kvtier.errors import ConfigError
@@ -47,6 +47,12 @@ class TierSpec:
     dwpd: float | None = None
     path: TransferPath | None = None
     sharers: int = 1
+
+    def to_dict(self) -> dict:
+        """Plain JSON."""
+        out = {k: v for k, v in self.__dict__.items() if k != "path"}
+        out["path"] = asdict(self.path) if self.path is not None else None
+        return out
 
     def __post_init__(self) -> None:
         if min(self.read_bandwidth, self.write_bandwidth) <= 0:

@@ -60,15 +60,18 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 
 @dataclass
 class SimResult:
-    """The records and the summary (``to_dict`` for ``--json``; ``records_csv`` for CSV)."""
+    """The records and the summary (``to_dict`` for ``--json``; ``records_csv`` for CSV), and
+    the simulation's own cost (``run``: wall seconds, events)."""
 
     records: list[RequestRecord]
     summary: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, records: bool = True) -> dict[str, Any]:
-        """Plain JSON-ready data (no infinities)."""
-        out: dict[str, Any] = {"config": self.config, "summary": self.summary}
+        """Plain JSON-ready data (no infinities). ``run`` holds how long the simulation itself
+        took on this machine (the only figure that differs between two equal runs)."""
+        out: dict[str, Any] = {"config": self.config, "summary": self.summary, "run": self.run}
         if records:
             out["requests"] = [asdict(r) for r in self.records]
         return _finite(out)

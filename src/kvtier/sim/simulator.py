@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -200,12 +201,15 @@ class Simulator:
             self._at(r.trace.arrival_s, self._due(r))
         total = len(self.requests)
         events = self._events
+        began = time.perf_counter()
+        handled = 0
         every = max(1, total // 200)
         last = -1
         while events:
             t, _, fn = heapq.heappop(events)
             self.now = t
             fn(t)
+            handled += 1
             if progress is not None and self._done // every != last:
                 last = self._done // every
                 progress(self._done, total)
@@ -213,7 +217,9 @@ class Simulator:
             replica.end_idle(self.now)
         if progress is not None:
             progress(self._done, total)
-        return build_result(self)
+        result = build_result(self)
+        result.run = {"wall_s": time.perf_counter() - began, "events": handled}
+        return result
 
 
 def simulate(

@@ -69,7 +69,7 @@ def test_a_run_report_replays_beside_what_it_measured(monkeypatch, capsys):
         (["--sweep", "concurrency"], "NAME=V1"),
         (["--concurrency", "0"], "at least 1"),
         (["--dram", "lots"], "--dram"),
-        (["--preemption", "swap"], "recompute or offload"),
+        (["--preemption", "swap"], "recompute, offload or auto"),
         (["--calibration", "/nonexistent.json"], "/nonexistent.json"),
         (["--csv", "/proc/x.csv"], "/proc/x.csv"),
         (["--compare"], "kvtier-run"),

@@ -82,8 +82,16 @@ def simulate_command(
         str | None, typer.Option(help="kvtier-run traces: which phase (vllm, vllm+kvtier).")
     ] = None,
     workload: Annotated[
-        str, typer.Option(help="Generated workload without --trace: mix or unique.")
+        str,
+        typer.Option(
+            help="Generated workload without --trace: mix (chats, RAG, agents, code at fleet "
+            "scale), unique (one-shot prompts) or longctx (kvtier run's own workload)."
+        ),
     ] = "mix",
+    workload_file: Annotated[
+        Path | None,
+        typer.Option(help="longctx: a JSON/TOML file of its fields, as `kvtier run --workload`."),
+    ] = None,
     sessions: Annotated[int, typer.Option(help="Generated: sessions (mix) or requests.")] = 500,
     rate: Annotated[float, typer.Option(help="Generated: sessions (requests) per second.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Seed of the generated workload.")] = 0,
@@ -106,8 +114,12 @@ def simulate_command(
         bool, typer.Option("--kvtier/--no-kvtier", help="kvtier's tiers below the engine.")
     ] = True,
     preemption: Annotated[
-        str, typer.Option(help="recompute (vLLM's) or offload (reload from kvtier).")
-    ] = "recompute",
+        str,
+        typer.Option(
+            help="recompute (vLLM's), offload (reload from kvtier's tiers), or auto: offload "
+            "with kvtier, recompute without."
+        ),
+    ] = "auto",
     preload: Annotated[bool, typer.Option(help="Preload queued requests' KV.")] = True,
     decide: Annotated[
         bool, typer.Option(help="Load-or-recompute cut (else load every hit).")

@@ -50,6 +50,7 @@ class SimArgs:
     skip_bad: bool = False
     phase: str | None = None
     workload: str = "mix"
+    workload_file: Path | None = None
     sessions: int = 500
     rate: float = 2.0
     seed: int = 0
@@ -60,7 +61,7 @@ class SimArgs:
     concurrency: int | None = None
     routing: str = "session"
     kvtier: bool = True
-    preemption: str = "recompute"
+    preemption: str = "auto"
     preload: bool = True
     decide: bool = True
     eviction: str = "lru"
@@ -148,12 +149,14 @@ def _check(a: SimArgs) -> None:
         raise ConfigError(f"--rate must be positive, got {a.rate}")
     if a.concurrency is not None and a.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
-    if a.preemption not in ("recompute", "offload"):
-        raise ConfigError(f"--preemption is recompute or offload, not {a.preemption!r}")
+    if a.preemption not in ("recompute", "offload", "auto"):
+        raise ConfigError(f"--preemption is recompute, offload or auto, not {a.preemption!r}")
     if a.routing not in ("session", "least-loaded", "round-robin"):
         raise ConfigError(f"--routing is session, least-loaded or round-robin, not {a.routing!r}")
-    if a.workload not in ("mix", "unique"):
-        raise ConfigError(f"--workload is mix or unique, not {a.workload!r}")
+    if a.workload not in ("mix", "unique", "longctx"):
+        raise ConfigError(f"--workload is mix, unique or longctx, not {a.workload!r}")
+    if a.workload_file is not None and a.workload != "longctx":
+        raise ConfigError("--workload-file describes the longctx workload: add --workload longctx")
     if a.codec_ratio <= 0:
         raise ConfigError("--codec-ratio must be positive")
     if a.max_seqs < 1 or (a.max_batched_tokens is not None and a.max_batched_tokens < 1):
@@ -190,6 +193,14 @@ def _requests(a: SimArgs):
             "skipped_lines": trace.skipped,
         }
         return trace.requests, source, trace.run
+    if a.workload == "longctx":
+        from kvtier.workloads.longctx import LongContextSpec
+        from kvtier.workloads.longctx_trace import longctx_requests
+
+        spec = LongContextSpec.from_file(a.workload_file) if a.workload_file else LongContextSpec()
+        spec = replace(spec, seed=a.seed)
+        reqs = longctx_requests(spec, block_tokens=a.block_tokens or 128)
+        return reqs, {"workload": "longctx", "requests": len(reqs), "seed": a.seed}, None
     if a.workload == "unique":
         from kvtier.workloads.arrivals import poisson
         from kvtier.workloads.synthetic import unique_prompts
@@ -220,6 +231,8 @@ def _scaled(requests: list, factor: float) -> list:
 def build(a: SimArgs) -> Built:
     """The simulation the arguments describe (ConfigError/SpecError on bad input)."""
     _check(a)
+    if a.preemption == "auto":
+        a = replace(a, preemption="offload" if a.kvtier else "recompute")
     requests, source, run = _requests(a)
     requests = _scaled(requests, a.context_scale)
     if a.calibration is not None:

@@ -180,7 +180,8 @@ class Replica:
                     if e.prefix_caching:
                         local = pool.lookup(r.keys, limit)
                         hit_keys = r.keys[:local]
-                    if c is not None:
+                    reload = r.preemptions == 0 or e.preemption == "offload"
+                    if c is not None and reload:
                         plan = c.match(r, len(hit_keys) * e.block_tokens, now)
                 local_tokens = len(hit_keys) * e.block_tokens
                 start = r.computed or local_tokens

@@ -143,12 +143,15 @@ class Replica:
         batch: list[tuple[SimRequest, int]] = []
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            r = self.running[i]
-            n = min(r.num_tokens - r.computed, budget)
-            need = self._blocks_for(r.computed + n) - len(r.blocks)
+        running = self.running
+        bt = e.block_tokens
+        free = pool.free
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.prompt + r.generated - r.computed, budget)
+            need = -(-(r.computed + n) // bt) - len(r.blocks)
             scheduled = True
-            while need > pool.free_count():
+            while need > len(free):
                 victim = self._victim()
                 self._preempt(victim, now)
                 preempted = True
@@ -254,6 +257,8 @@ class Replica:
         finished: list[SimRequest] = []
         bt = self.engine.block_tokens
         st = self.stats
+        connector = self.connector
+        chunk = connector.chunk if connector is not None else 1
         for r, n in self._batch:
             if r.state != "running":
                 continue
@@ -266,14 +271,16 @@ class Replica:
                 r.computed_tokens += n
                 if before < r.most_computed:
                     r.recomputed_tokens += min(r.computed, r.most_computed) - before
-            r.most_computed = max(r.most_computed, r.computed)
+            if r.computed > r.most_computed:
+                r.most_computed = r.computed
             full = r.computed // bt
-            for j in range(r.registered, full):
-                self.pool.register(r.blocks[j], r.key(j))
-            r.registered = max(r.registered, full)
-            if self.connector is not None:
-                self.connector.store_completed(r, now)
-            if r.computed >= r.num_tokens:
+            if full > r.registered:
+                for j in range(r.registered, full):
+                    self.pool.register(r.blocks[j], r.key(j))
+                r.registered = full
+            if connector is not None and r.computed // chunk > r.stored_chunks:
+                connector.store_completed(r, now)
+            if r.computed >= r.prompt + r.generated:
                 r.generated += 1
                 if r.first_token_s is None:
                     r.first_token_s = now

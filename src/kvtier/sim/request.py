@@ -72,11 +72,10 @@ class SimRequest:
     preemptions: int = 0
     preload_pending: int = 0
     decision: str = ""
+    prompt: int = 0
 
-    @property
-    def prompt(self) -> int:
-        """Prompt tokens."""
-        return self.trace.input_tokens
+    def __post_init__(self) -> None:
+        self.prompt = self.trace.input_tokens
 
     @property
     def num_tokens(self) -> int:

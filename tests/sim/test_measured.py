@@ -25,8 +25,46 @@ def test_a_replay_of_the_report_runs_and_refining_never_makes_it_worse():
         s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
     }
     before = replay_error(cal, cal.timer, phases, 4)
-    refined = refine_by_replay(cal, phases, 4, rounds=1)
+    refined = refine_by_replay(cal, phases, 4, evaluations=12)
     assert replay_error(refined, refined.timer, phases, 4) <= before
     config = SimConfig(engine=cal.engine, timer=refined.timer, kvtier=cal.kvtier(), concurrency=4)
     result = simulate(config, phases["vllm+kvtier"])
     assert result.summary["finished"] == len(phases["vllm+kvtier"])
+
+
+def test_nelder_mead_finds_a_minimum():
+    import numpy as np
+
+    from kvtier.sim.measured import nelder_mead
+
+    x, fx = nelder_mead(lambda v: float(np.sum((v - [1.0, -2.0]) ** 2)), np.zeros(2), 1.0, 120)
+    assert fx < 1e-4 and np.allclose(x, [1.0, -2.0], atol=0.02)
+
+
+def test_a_kvtier_calibrate_profile_times_the_steps_and_gives_the_tiers():
+    from kvtier.cost.calibration import (
+        CalibrationProfile,
+        DecodeFit,
+        PrefillFit,
+        ProfileModel,
+        TierFit,
+        TransferFit,
+    )
+    from kvtier.sim.measured import calibrate_from_profile
+    from kvtier.workloads.longctx import LongContextSpec
+    from kvtier.workloads.longctx_trace import longctx_requests
+
+    model = ProfileModel("m", "f", "bf16", 30, 3, 64, 23040, 256)
+    profile = CalibrationProfile(
+        model=model,
+        prefill=PrefillFit(0.05, 5e-4, 1e-7),
+        decode=DecodeFit(0.05, 0.002, 1e-7),
+        tiers={"dram": TierFit("dram", "slab:///dev/shm/x", TransferFit(1e-3, 2e9))},
+    )
+    cal = calibrate_from_profile(profile.to_dict(), pool_blocks=80)
+    assert cal.timer.step_seconds([(1024, 0)], ()) == profile.prefill.seconds(1024, 0)
+    assert [t.name for t in cal.tiers] == ["dram"] and cal.engine.pool_blocks == 80
+    reqs = longctx_requests(LongContextSpec(), block_tokens=128)
+    config = SimConfig(engine=cal.engine, timer=cal.timer, kvtier=cal.kvtier(), concurrency=4)
+    result = simulate(config, reqs)
+    assert result.summary["finished"] == len(reqs) and result.summary["hit_tokens"].get("dram")

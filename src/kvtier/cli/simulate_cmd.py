@@ -55,8 +55,9 @@ def simulate_command(
     calibration: Annotated[
         Path | None,
         typer.Option(
-            help="A `kvtier run --engine vllm --json` report of another run: the engine, tiers "
-            "and step times it measured replace the model and hardware flags."
+            help="A `kvtier run --engine vllm --json` report of another run, or a `kvtier "
+            "calibrate` profile: the engine, tiers and step times measured on this machine "
+            "replace the model and hardware flags."
         ),
     ] = None,
     refine: Annotated[
@@ -106,6 +107,10 @@ def simulate_command(
         int | None, typer.Option(help="Token budget per engine step.")
     ] = None,
     max_seqs: Annotated[int, typer.Option(help="Running requests per replica at most.")] = 256,
+    pool_blocks: Annotated[
+        int,
+        typer.Option(help="With a `kvtier calibrate` profile: the engine's pool in blocks."),
+    ] = 72,
     concurrency: Annotated[
         int | None, typer.Option(help="Client requests in flight at most (default: open loop).")
     ] = None,

@@ -58,6 +58,7 @@ class SimArgs:
     chunk_tokens: int | None = None
     max_batched_tokens: int | None = None
     max_seqs: int = 256
+    pool_blocks: int = 72
     concurrency: int | None = None
     routing: str = "session"
     kvtier: bool = True
@@ -341,8 +342,14 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
         report = json.loads(a.calibration.read_text())  # type: ignore[union-attr]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--calibration: cannot read {a.calibration}: {exc}") from None
-    cal = calibrate_from_report(report)
-    if a.refine:
+    if isinstance(report, dict) and "prefill" in report and "phases" not in report:
+        from kvtier.sim.measured import calibrate_from_profile
+
+        pool = run.pool_blocks if run is not None else a.pool_blocks
+        cal = calibrate_from_profile(report, pool)
+    else:
+        cal = calibrate_from_report(report)
+    if a.refine and "phases" in report:
         phases = {}
         for phase in report.get("phases") or []:
             system = str(phase.get("system"))

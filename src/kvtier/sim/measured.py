@@ -45,7 +45,7 @@ DEFAULT_WRITE = {"dram": 2.0e9, "disk": 0.8e9}
 class RunCalibration:
     """What a report's measurements give a simulation (see the module docs)."""
 
-    timer: MeasuredTimer
+    timer: Any
     engine: EngineSpec
     tiers: tuple[TierSpec, ...]
     chunk_tokens: int
@@ -127,6 +127,45 @@ def load_samples(report: Mapping[str, Any], kv_bytes_per_token: float) -> dict[s
     return out
 
 
+def calibrate_from_profile(
+    data: Mapping[str, Any], pool_blocks: int, block_tokens: int = VLLM_CPU_BLOCK_TOKENS
+) -> RunCalibration:
+    """A :class:`RunCalibration` from a ``kvtier calibrate`` profile (its JSON): the profile's
+    prefill and decode fits time the steps, its tiers' load fits give their read speeds (the
+    device copy in series), and the engine holds ``pool_blocks`` blocks of its model's KV."""
+    from kvtier.cost.calibration import CalibrationProfile
+    from kvtier.sim.timing import ProfileTimer
+
+    try:
+        profile = CalibrationProfile.from_dict(dict(data))
+    except (KeyError, TypeError, ValueError, CalibrationError) as exc:
+        raise ConfigError(f"not a kvtier calibrate profile: {exc}") from None
+    model = profile.model
+    timer = ProfileTimer(profile.prefill, profile.decode)
+    engine = EngineSpec(
+        pool_blocks=pool_blocks,
+        block_tokens=block_tokens,
+        kv_bytes_per_token=float(model.kv_bytes_per_token),
+        max_batched_tokens=VLLM_CPU_BATCHED_TOKENS,
+    )
+    tiers = []
+    for name, fit in profile.tiers.items():
+        path = profile.path(name)
+        tiers.append(
+            TierSpec(
+                name=name,
+                read_bandwidth=fit.load.bandwidth,
+                write_bandwidth=DEFAULT_WRITE.get(name, DEFAULT_WRITE["disk"]),
+                latency_s=fit.load.latency_s,
+                codec_ratio=fit.codec_ratio,
+                path=path,
+            )
+        )
+    chunk = max(model.chunk_tokens, block_tokens)
+    chunk -= chunk % block_tokens
+    return RunCalibration(timer, engine, tuple(tiers), chunk, {"profile": profile.created})  # type: ignore[arg-type]
+
+
 def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
     """A :class:`RunCalibration` from a ``kvtier run --engine vllm --json`` report."""
     try:
@@ -168,9 +207,8 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
     return RunCalibration(timer, engine, tuple(tiers), chunk, fits)
 
 
-#: The timer's coefficients :func:`refine_by_replay` adjusts, and the factors it tries.
+#: The timer's coefficients :func:`refine_by_replay` adjusts.
 REFINED = ("token_s", "attention_s", "context_s", "seq_s", "request_overhead_s")
-_FACTORS = (0.0, 0.5, 0.75, 0.9, 1.1, 1.33, 2.0)
 
 
 def replay_error(
@@ -205,53 +243,92 @@ def refine_by_replay(
     cal: RunCalibration,
     phases: Mapping[str, Sequence[TraceRequest]],
     concurrency: int | None,
-    rounds: int = 3,
+    evaluations: int = 90,
 ) -> RunCalibration:
     """The calibration whose timer replays a calibration run best.
 
-    Coordinate descent over :data:`REFINED`, each multiplied by a few factors (0 included) in
-    turn, keeping a change only when the replay error (:func:`replay_error`) of the run's own
-    requests falls. The run must be another than the one the simulation is judged on.
+    A Nelder–Mead search over :data:`REFINED` in log space (each coefficient ``v`` searched as
+    ``log(v + floor)``, so zero stays reachable), from the warm-up's fit, minimising the replay
+    error (:func:`replay_error`) of the run's own requests within ``evaluations`` replays. The
+    run must be another than the one the simulation is judged on.
     """
-    timer = cal.timer
-    best = replay_error(cal, timer, phases, concurrency)
-    start = best
-    for _ in range(rounds):
-        improved = False
-        for name in REFINED:
-            base = getattr(timer, name)
-            candidates = [base * f for f in _FACTORS] if base > 0 else [0.0, *_SEEDS[name]]
-            for value in candidates:
-                if value == base:
-                    continue
-                trial = replace(timer, **{name: value})
-                err = replay_error(cal, trial, phases, concurrency)
-                if err < best - 1e-9:
-                    best, timer, improved = err, trial, True
-            base = getattr(timer, name)
-        if not improved:
-            break
+    floors = np.array([_FLOORS[name] for name in REFINED])
+    start = np.array([getattr(cal.timer, name) for name in REFINED], dtype=float)
+
+    def timer_at(x: np.ndarray) -> MeasuredTimer:
+        values = np.maximum(np.exp(x) - floors, 0.0)
+        return replace(cal.timer, **{n: float(v) for n, v in zip(REFINED, values, strict=True)})
+
+    def error(x: np.ndarray) -> float:
+        return replay_error(cal, timer_at(x), phases, concurrency)
+
+    x0 = np.log(start + floors)
+    before = error(x0)
+    best_x, best = nelder_mead(error, x0, step=math.log(2.0), evaluations=evaluations)
+    if best >= before:
+        best_x, best = x0, before
+    timer = timer_at(best_x)
     fits = dict(cal.fits)
-    fits["replay"] = {"error_before": start, "error_after": best, "timer": timer.to_dict()}
+    fits["replay"] = {"error_before": before, "error_after": best, "timer": timer.to_dict()}
     return replace(cal, timer=timer, fits=fits)
 
 
-#: Where a coefficient fitted to zero restarts: a small value of its kind.
-_SEEDS = {
-    "token_s": (1e-4, 5e-4),
-    "attention_s": (1e-8, 1e-7),
-    "context_s": (1e-6, 4e-6),
-    "request_overhead_s": (0.02, 0.1),
-    "seq_s": (0.005, 0.03),
+def nelder_mead(f, x0: np.ndarray, step: float, evaluations: int) -> tuple[np.ndarray, float]:
+    """Minimise ``f`` from ``x0`` (a simplex of side ``step``) within ``evaluations`` calls: the
+    standard reflect / expand / contract / shrink moves."""
+    n = len(x0)
+    simplex = [x0.copy()] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    calls = n + 1
+    while calls < evaluations:
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        centre = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        reflected = centre + (centre - worst)
+        fr = f(reflected)
+        calls += 1
+        if fr < values[0]:
+            expanded = centre + 2.0 * (centre - worst)
+            fe = f(expanded)
+            calls += 1
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            inside = centre + 0.5 * (worst - centre)
+            fc = f(inside)
+            calls += 1
+            if fc < values[-1]:
+                simplex[-1], values[-1] = inside, fc
+            else:
+                for i in range(1, n + 1):
+                    simplex[i] = simplex[0] + 0.5 * (simplex[i] - simplex[0])
+                    values[i] = f(simplex[i])
+                    calls += 1
+    i = int(np.argmin(values))
+    return simplex[i], values[i]
+
+
+#: Each coefficient's scale near zero in the search (a small value of its kind).
+_FLOORS = {
+    "token_s": 1e-5,
+    "attention_s": 1e-9,
+    "context_s": 1e-7,
+    "request_overhead_s": 0.005,
+    "seq_s": 0.002,
 }
 
 
 __all__ = [
     "REFINED",
     "RunCalibration",
+    "calibrate_from_profile",
     "calibrate_from_report",
     "fit_timer",
     "load_samples",
+    "nelder_mead",
     "refine_by_replay",
     "replay_error",
 ]

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvtier.cost.calibration import DecodeFit, PrefillFit
 from kvtier.cost.compute import RooflineCompute
 from kvtier.errors import ConfigError
 
@@ -204,4 +205,46 @@ class RooflineTimer:
         }
 
 
-__all__ = ["MeasuredTimer", "RooflineTimer", "StepTimer"]
+@dataclass(frozen=True)
+class ProfileTimer:
+    """A step from a ``kvtier calibrate`` profile: each prefill chunk costs what the profile's
+    prefill fit says for it, the decodes one decode step of their batch at their mean context.
+
+    The profile is measured one forward at a time (the HF engine), so a step that mixes a
+    prefill chunk with decodes is the sum of the two.
+    """
+
+    prefill: PrefillFit
+    decode: DecodeFit | None = None
+    request_overhead_s: float = 0.0
+    budget: int = 2048
+
+    def step_seconds(
+        self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]
+    ) -> float:
+        total = sum(self.prefill.seconds(n, c) for n, c in prefill if n > 0)
+        if decode_contexts:
+            batch = len(decode_contexts)
+            context = sum(decode_contexts) // batch
+            if self.decode is not None:
+                total += self.decode.seconds(context, batch)
+            else:
+                total += self.prefill.seconds(batch, context)
+        return total
+
+    def prefill_seconds(self, new: int, cached: int = 0) -> float:
+        return _chunked(self, self.budget, new, cached)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        p, d = self.prefill, self.decode
+        return {
+            "kind": "profile",
+            "prefill": {"a": p.a, "b": p.b, "c": p.c, "d": p.d, "e": p.e},
+            "decode": None if d is None else {"a": d.a, "b": d.b, "c": d.c},
+            "request_overhead_s": self.request_overhead_s,
+            "budget": self.budget,
+        }
+
+
+__all__ = ["MeasuredTimer", "ProfileTimer", "RooflineTimer", "StepTimer"]

@@ -10,9 +10,12 @@ from kvtier.specs import get_gpu, get_model
 
 
 def test_a_fit_reproduces_the_warm_up_it_came_from():
-    truth = MeasuredTimer(step_s=0.06, token_s=5e-4, attention_s=1e-7, request_overhead_s=0.05)
+    truth = MeasuredTimer(
+        step_s=0.06, token_s=5e-4, attention_s=1e-7, request_overhead_s=0.05, chunk_s=0.2
+    )
     points = [[n, truth.request_overhead_s + truth.prefill_seconds(n)] for n in (1024, 2048, 4096)]
-    fitted = fit_timer({"prefill": {"points": points}, "decode_step_s": 0.06})
+    fitted = fit_timer({"prefill": {"points": points}, "decode_step_s": 0.06}, 2048, 0.05)
+    assert fitted.chunk_s == pytest.approx(0.2, rel=1e-3)
     for n, s in points:
         assert fitted.request_overhead_s + fitted.prefill_seconds(n) == pytest.approx(s, rel=1e-3)
 

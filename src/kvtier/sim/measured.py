@@ -69,8 +69,14 @@ class RunCalibration:
         }
 
 
-def fit_timer(engine: Mapping[str, Any], budget: int = VLLM_CPU_BATCHED_TOKENS) -> MeasuredTimer:
-    """The step timer from a report's ``engine`` section (see the module docs)."""
+def fit_timer(
+    engine: Mapping[str, Any],
+    budget: int = VLLM_CPU_BATCHED_TOKENS,
+    request_overhead_s: float = 0.0,
+) -> MeasuredTimer:
+    """The step timer from a report's ``engine`` section (see the module docs): with the
+    request's cost outside the engine given, the warm-up's cold prompts fit a cost per prefill
+    chunk, per token and per attention pair."""
     try:
         points = [(int(n), float(s)) for n, s in engine["prefill"]["points"]]
         step = float(engine["decode_step_s"])
@@ -88,19 +94,33 @@ def fit_timer(engine: Mapping[str, Any], budget: int = VLLM_CPU_BATCHED_TOKENS) 
             k = min(budget, n - done)
             attention += k * (done + k / 2)
             done += k
-        rows.append([1.0, tokens, attention])
-        secs.append(max(s - steps * step, 1e-6))
+        rows.append([float(steps), tokens, attention])
+        secs.append(max(s - steps * step - request_overhead_s, 1e-6))
     try:
-        (overhead, per_token, attention_s), _ = nnls_relative(np.array(rows), np.array(secs))
+        (chunk_s, per_token, attention_s), _ = nnls_relative(np.array(rows), np.array(secs))
     except CalibrationError as exc:
         raise ConfigError(f"cannot fit the engine's prefill: {exc}") from None
     return MeasuredTimer(
         step_s=step,
         token_s=max(float(per_token), 1e-9),
         attention_s=float(attention_s),
-        request_overhead_s=float(overhead),
+        request_overhead_s=float(request_overhead_s),
         budget=budget,
+        chunk_s=float(chunk_s),
     )
+
+
+def outside_engine_s(report: Mapping[str, Any]) -> float:
+    """The median of what a client waited for its first token beyond the server's own time to
+    first token (HTTP, the API server), over every request of the report that has both."""
+    gaps = []
+    for phase in report.get("phases") or []:
+        for req in phase.get("requests") or []:
+            server = req.get("server") or {}
+            inside = server.get("time_to_first_token_ms")
+            if inside is not None and req.get("ttft_s") is not None:
+                gaps.append(float(req["ttft_s"]) - float(inside) / 1e3)
+    return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
 def _tier_name(url: str, index: int) -> str:
@@ -174,7 +194,7 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
         engine_speed = report["engine"]
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"not a kvtier run (vLLM) report: it lacks {exc}") from None
-    timer = fit_timer(engine_speed)
+    timer = fit_timer(engine_speed, request_overhead_s=outside_engine_s(report))
     engine = EngineSpec(
         pool_blocks=int(config["pool_blocks"]),
         block_tokens=VLLM_CPU_BLOCK_TOKENS,
@@ -208,7 +228,7 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
 
 
 #: The timer's coefficients :func:`refine_by_replay` adjusts.
-REFINED = ("token_s", "attention_s", "context_s", "seq_s", "request_overhead_s")
+REFINED = ("chunk_s", "token_s", "attention_s", "context_s", "seq_s")
 
 
 def replay_error(
@@ -316,7 +336,7 @@ _FLOORS = {
     "token_s": 1e-5,
     "attention_s": 1e-9,
     "context_s": 1e-7,
-    "request_overhead_s": 0.005,
+    "chunk_s": 0.005,
     "seq_s": 0.002,
 }
 

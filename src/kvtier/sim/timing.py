@@ -53,12 +53,14 @@ def _chunked(timer: StepTimer, budget: int, new: int, cached: int) -> float:
 
 @dataclass(frozen=True)
 class MeasuredTimer:
-    """A step costs ``step_s + token_s·T + attention_s·Σn·(c + n/2) + context_s·ΣL + seq_s·(S−1)``.
+    """A step costs ``step_s + chunk_s·P + token_s·T + attention_s·Σn·(c + n/2) + context_s·ΣL
+    + seq_s·(S−1)``.
 
     T is every token the step runs (prefill chunks plus one per decode), the attention term is
     summed over prefill chunks of n new tokens after c cached ones, L over the decodes'
     contexts, S − 1 the sequences in the step beyond the first (each costs its sampling and
-    output handling; the first one's are in ``step_s``, a one-sequence decode step).
+    output handling; the first one's are in ``step_s``, a one-sequence decode step), P the
+    prefill chunks (each a forward of a new shape: on a CPU its kernels are set up again).
     ``request_overhead_s`` is paid once per request before it reaches the scheduler.
     ``budget`` is the engine's token budget per step (vLLM's ``max_num_batched_tokens``), used
     by :meth:`prefill_seconds`.
@@ -71,9 +73,13 @@ class MeasuredTimer:
     request_overhead_s: float = 0.0
     budget: int = 2048
     seq_s: float = 0.0
+    chunk_s: float = 0.0
 
     def __post_init__(self) -> None:
-        names = ("step_s", "token_s", "attention_s", "context_s", "request_overhead_s", "seq_s")
+        names = (
+            "step_s", "token_s", "attention_s", "context_s", "request_overhead_s", "seq_s",
+            "chunk_s",
+        )  # fmt: skip
         for name in names:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -125,6 +131,7 @@ class MeasuredTimer:
             + self.attention_s * attention
             + self.context_s * sum(decode_contexts)
             + self.seq_s * max(len(prefill) + len(decode_contexts) - 1, 0)
+            + self.chunk_s * sum(1 for n, _ in prefill if n > 1)
         )
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:

@@ -24,9 +24,9 @@ def test_a_replay_of_the_report_runs_and_refining_never_makes_it_worse():
     phases = {
         s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
     }
-    before = replay_error(cal, cal.timer, phases, 4)
+    before = replay_error(cal, phases, 4)
     refined = refine_by_replay(cal, phases, 4, evaluations=12)
-    assert replay_error(refined, refined.timer, phases, 4) <= before
+    assert replay_error(refined, phases, 4) <= before
     config = SimConfig(engine=cal.engine, timer=refined.timer, kvtier=cal.kvtier(), concurrency=4)
     result = simulate(config, phases["vllm+kvtier"])
     assert result.summary["finished"] == len(phases["vllm+kvtier"])

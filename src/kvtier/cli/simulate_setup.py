@@ -92,6 +92,7 @@ class Built:
             "source": self.source,
             "engine": c.engine.__dict__,
             "timer": c.timer.to_dict(),
+            "frontend": None if c.frontend is None else c.frontend.__dict__,
             "replicas": c.replicas,
             "concurrency": c.concurrency,
             "kvtier": None,
@@ -380,6 +381,7 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
         slo_ttft_s=a.slo_ttft,
         slo_tpot_s=a.slo_tpot,
         seed=a.seed,
+        frontend=cal.frontend,
     )
     source = {**source, "calibration": str(a.calibration)}
     return Built(a, config, requests, source, cal)
@@ -511,6 +513,11 @@ def compare_with_run(a: SimArgs) -> dict[str, Any]:
         "trace": str(a.trace),
         "calibration": str(a.calibration) if a.calibration else None,
         "timer": calibration.timer.to_dict() if calibration is not None else None,
+        "frontend": (
+            calibration.frontend.__dict__
+            if calibration is not None and calibration.frontend is not None
+            else None
+        ),
         "phases": phases,
     }
 

@@ -88,6 +88,27 @@ class KvtierSpec:
 
 
 @dataclass(frozen=True)
+class FrontendSpec:
+    """The server process between clients and an engine (vLLM's API server), as one queue.
+
+    A request costs it ``in_s`` of work before the engine sees it, each generated token
+    ``out_s`` before the client does; it works at full speed while its engine idles and at
+    ``share`` of it while the engine steps (on a host whose cores the engine's forward keeps
+    busy, the two share them). None in a :class:`SimConfig`: requests and tokens pass at once.
+    """
+
+    in_s: float = 0.0
+    out_s: float = 0.0
+    share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.in_s < 0 or self.out_s < 0:
+            raise ConfigError("the frontend's work per request and per token must be >= 0")
+        if not 0 < self.share <= 1:
+            raise ConfigError(f"the frontend's share must be in (0, 1], got {self.share}")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """A whole simulation.
 
@@ -111,6 +132,7 @@ class SimConfig:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     seed: int = 0
+    frontend: FrontendSpec | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -133,4 +155,12 @@ class SimConfig:
             raise ConfigError("preemption by offload needs kvtier's tiers")
 
 
-__all__ = ["EngineSpec", "KvtierSpec", "Preemption", "Routing", "Scheduling", "SimConfig"]
+__all__ = [
+    "EngineSpec",
+    "FrontendSpec",
+    "KvtierSpec",
+    "Preemption",
+    "Routing",
+    "Scheduling",
+    "SimConfig",
+]

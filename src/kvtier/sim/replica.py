@@ -252,9 +252,11 @@ class Replica:
         st.peak_running = max(st.peak_running, len(self.running))
         return sync_wait + compute
 
-    def end_step(self, now: float) -> list[SimRequest]:
-        """The step scheduled last ended at ``now``: advance its requests; the finished ones."""
+    def end_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """The step scheduled last ended at ``now``: advance its requests; (those that sampled a
+        token, those that finished)."""
         finished: list[SimRequest] = []
+        sampled: list[SimRequest] = []
         bt = self.engine.block_tokens
         st = self.stats
         connector = self.connector
@@ -282,6 +284,7 @@ class Replica:
                 connector.store_completed(r, now)
             if r.computed >= r.prompt + r.generated:
                 r.generated += 1
+                sampled.append(r)
                 if r.first_token_s is None:
                     r.first_token_s = now
                 if r.generated >= r.output:
@@ -293,7 +296,7 @@ class Replica:
                     self.outstanding -= 1
                     finished.append(r)
         self._batch = []
-        return finished
+        return sampled, finished
 
 
 __all__ = ["ENGINE_TIER", "Replica", "ReplicaStats"]

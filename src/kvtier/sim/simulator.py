@@ -60,6 +60,7 @@ class Simulator:
         self._rr = 0
         self._done = 0
         self._sessions: dict[str, deque[SimRequest]] = {}
+        self._front_free = [0.0] * config.replicas
 
     # --- building ----------------------------------------------------------------------------
     def _link(self, name: str, bandwidth: float, latency: float = 0.0) -> LinkQueue:
@@ -125,15 +126,30 @@ class Simulator:
 
         return fire
 
+    def _front(self, replica: Replica, now: float, work: float) -> float:
+        """Book ``work`` seconds on the replica's frontend from ``now``; when it is done."""
+        spec = self.config.frontend
+        if spec is None or work <= 0:
+            return now
+        start = max(now, self._front_free[replica.index])
+        speed = spec.share if replica.busy else 1.0
+        end = start + work / speed
+        self._front_free[replica.index] = end
+        return end
+
     def _send(self, now: float) -> None:
         limit = self.config.concurrency
         overhead = self.config.timer.request_overhead_s
+        front = self.config.frontend
         while self._pending and (limit is None or self._in_flight < limit):
             r = self._pending.popleft()
             r.sent_s = now
             self._in_flight += 1
             replica = self._route(r)
-            self._at(now + overhead, lambda t, r=r, rep=replica: self._arrive(rep, r, t))
+            at = now + overhead
+            if front is not None:
+                at = self._front(replica, at, front.in_s)
+            self._at(at, lambda t, r=r, rep=replica: self._arrive(rep, r, t))
 
     def _arrive(self, replica: Replica, r: SimRequest, now: float) -> None:
         e = self.config.engine
@@ -167,12 +183,24 @@ class Simulator:
         self._at(t, landed)
 
     def _step_done(self, replica: Replica, now: float) -> None:
-        finished = replica.end_step(now)
+        sampled, finished = replica.end_step(now)
         replica.busy = False
         replica.idle_since = now
-        for r in finished:
-            self._finished(r, now)
-        self._kick(replica, now)
+        front = self.config.frontend
+        if front is None:
+            for r in finished:
+                self._finished(r, now)
+            self._kick(replica, now)
+            return
+        self._kick(replica, now)  # the engine goes on while the frontend delivers
+        done = set(finished)
+        for r in sampled:
+            delivered = self._front(replica, now, front.out_s)
+            if r.generated == 1:
+                r.first_token_s = delivered
+            if r in done:
+                r.finish_s = delivered
+                self._at(delivered, lambda t, r=r: self._finished(r, t))
 
     def _finished(self, r: SimRequest, now: float) -> None:
         self._in_flight -= 1

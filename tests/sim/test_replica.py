@@ -36,3 +36,14 @@ def test_the_token_budget_and_sequence_limit_bound_a_step():
     result = simulate(config(engine=engine(max_seqs=2)), reqs)
     first = sorted(result.records, key=lambda r: r.ttft_s)
     assert first[2].queue_wait_s > 0  # the third waited for a sequence slot
+
+
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits():
+    # 40 blocks; the first request holds 10 and grows; the second's prompt needs 32 blocks,
+    # its first chunk (the step's 256-token budget) only 16
+    first = request(0.0, 10 * BLOCK - 1, out=30, tag="a")
+    second = request(0.1, 32 * BLOCK - 1, out=2, tag="b")
+    full = simulate(config(engine=engine(blocks=40)), [first, second])
+    chunked = simulate(config(engine=engine(blocks=40, reserve_full_prompt=False)), [first, second])
+    assert full.records[1].queue_wait_s > 0 and full.summary["preemptions"] == 0
+    assert chunked.summary["preemptions"] >= 1  # admitted on its first chunk, blocks ran out

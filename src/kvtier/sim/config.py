@@ -21,7 +21,10 @@ class EngineSpec:
     ``pool_blocks`` blocks of ``block_tokens`` tokens hold the KV; ``max_batched_tokens`` is the
     token budget of a step (chunked prefill), ``max_seqs`` the running requests at most;
     ``watermark`` the share of the pool a new request must leave free (vLLM V1 keeps none);
-    ``prefix_caching`` finds full blocks by chained key. A request whose blocks run out is
+    ``prefix_caching`` finds full blocks by chained key; ``reserve_full_prompt`` admits a
+    waiting request only when its whole prompt fits in the free blocks, not only its first
+    chunk (vLLM's ``scheduler_reserve_full_isl``, on by default), and an asynchronous load only
+    when it leaves the blocks the prefills under way still need. A request whose blocks run out is
     preempted: its KV is dropped and recomputed (``recompute``, vLLM's only way), or reloaded
     from kvtier's tiers where it was written through (``offload``, kvtier's connector).
     ``kv_bytes_per_token``: one token's KV on one replica (all its ranks).
@@ -37,6 +40,7 @@ class EngineSpec:
     scheduling: Scheduling = "fcfs"
     preemption: Preemption = "recompute"
     max_model_len: int | None = None
+    reserve_full_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.pool_blocks < 1 or self.block_tokens < 1:

@@ -130,6 +130,14 @@ class Replica:
         self.stats.preemptions += 1
         self.waiting.appendleft(victim)
 
+    def _prefill_reserve(self) -> int:
+        """Blocks the prefills under way still need for the rest of their prompts: running
+        requests still prefilling, and those holding blocks for a load (landed or not)."""
+        bt = self.engine.block_tokens
+        held = [r for r in self.running if r.computed < r.prompt + r.generated]
+        held += list(self.loading) + list(self.ready)
+        return sum(max(0, -(-(r.prompt + r.generated) // bt) - len(r.blocks)) for r in held)
+
     def _victim(self) -> SimRequest:
         if self.engine.scheduling == "priority":
             return max(self.running, key=lambda r: (r.trace.turn, r.due_s))
@@ -196,8 +204,14 @@ class Replica:
                     n = min(r.num_tokens - start - ext, budget)
                     need = self._blocks_for(start + ext + n) - len(r.blocks) - len(hit_keys)
                 reuse = pool.reusable_free(hit_keys)
-                keep = int(e.watermark * pool.blocks)
-                if need + reuse > pool.free_count() - keep:
+                keep = int(e.watermark * pool.blocks) if batch else 0
+                gate = need
+                if e.reserve_full_prompt and (self.running or batch):  # alone, it may go on
+                    held = len(r.blocks) + len(hit_keys)
+                    gate = max(need, -(-r.num_tokens // e.block_tokens) - held)
+                    if plan is not None and not plan.sync:
+                        keep += self._prefill_reserve()
+                if gate + reuse > pool.free_count() - keep:
                     queue.appendleft(r)
                     break
                 if r.computed == 0:

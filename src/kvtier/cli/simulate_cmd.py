@@ -61,9 +61,13 @@ def simulate_command(
         ),
     ] = None,
     refine: Annotated[
-        bool,
-        typer.Option(help="With --calibration: fit the step times by replaying that run."),
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--refine/--no-refine",
+            help="With a run report: fit the step times by replaying that run (default: when "
+            "too few of its requests ran alone to fit them from).",
+        ),
+    ] = None,
     trace: Annotated[
         Path | None, typer.Option(help="Trace file to replay (default: a generated workload).")
     ] = None,

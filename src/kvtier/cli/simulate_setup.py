@@ -42,7 +42,7 @@ class SimArgs:
     reserve: str = "10%"
     profile: Path | None = None
     calibration: Path | None = None
-    refine: bool = True
+    refine: bool | None = None
     trace: Path | None = None
     trace_format: str = "mooncake"
     trace_block_tokens: int | None = None
@@ -350,7 +350,8 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
         cal = calibrate_from_profile(report, pool)
     else:
         cal = calibrate_from_report(report)
-    if a.refine and "phases" in report:
+    refine = a.refine if a.refine is not None else cal.fits.get("timer") == "warm-up"
+    if refine and "phases" in report:
         phases = {}
         for phase in report.get("phases") or []:
             system = str(phase.get("system"))

@@ -67,7 +67,10 @@ class KvtierSpec:
     request's chunks on slower tiers are copied into the first tier in arrival order, at most
     ``preload_bytes`` in flight, and a request whose copy is under way when its turn comes is
     held back up to ``preload_wait_s``. ``host_link``: bytes/s of the link KV crosses between
-    the engine and host memory (None: the engine computes on the host).
+    the engine and host memory (None: the engine computes on the host). ``token_cost_s``
+    and ``request_cost_s`` are what the connector adds to a step: per prefilled token (the
+    worker gathers completed chunks out of the paged cache to store them) and per request it
+    looks up (keys, lookups, the decision, in the scheduler).
     """
 
     tiers: tuple[TierSpec, ...]
@@ -80,6 +83,8 @@ class KvtierSpec:
     store: bool = True
     host_link_bandwidth: float | None = None
     host_link_latency_s: float = 0.0
+    token_cost_s: float = 0.0
+    request_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.tiers:

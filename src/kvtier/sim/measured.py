@@ -51,6 +51,7 @@ class RunCalibration:
     chunk_tokens: int
     fits: dict[str, Any] = field(default_factory=dict)
     frontend: FrontendSpec | None = None
+    connector_costs: dict[str, float] = field(default_factory=dict)
 
     def config(self, kvtier: bool, concurrency: int | None, **options: Any) -> SimConfig:
         """A simulation of the measured engine, with kvtier's tiers or without."""
@@ -66,7 +67,9 @@ class RunCalibration:
 
     def kvtier(self, **options: Any) -> KvtierSpec:
         """kvtier's connector over the report's tiers (``options`` override the defaults)."""
-        return KvtierSpec(tiers=self.tiers, chunk_tokens=self.chunk_tokens, **options)
+        costs = dict(self.connector_costs)
+        costs.update(options)
+        return KvtierSpec(tiers=self.tiers, chunk_tokens=self.chunk_tokens, **costs)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -122,6 +125,107 @@ def fit_timer(
         budget=budget,
         chunk_s=float(chunk_s),
     )
+
+
+def isolated_requests(phase: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The requests of a phase that had the engine to themselves: no other request was in
+    flight between their send and their last token."""
+    reqs = [
+        r
+        for r in phase.get("requests") or []
+        if r.get("sent_s") is not None and r.get("e2e_s") and r.get("server")
+    ]
+    spans = sorted((float(r["sent_s"]), float(r["sent_s"]) + float(r["e2e_s"])) for r in reqs)
+    out = []
+    for r in reqs:
+        start = float(r["sent_s"])
+        end = start + float(r["e2e_s"])
+        overlapping = sum(1 for s0, s1 in spans if s0 < end and s1 > start)
+        if overlapping == 1:
+            out.append(r)
+    return out
+
+
+def fit_isolated(
+    report: Mapping[str, Any], budget: int = VLLM_CPU_BATCHED_TOKENS
+) -> MeasuredTimer | None:
+    """The step timer from the engine-alone phase's requests that ran alone (None with fewer
+    than six): the server's own time to first token of each (its prefill, chunked as the
+    engine chunks it) fits a cost per chunk, per token and per attention pair; its mean time
+    between tokens at its context fits a decode step's fixed cost and its cost per context
+    token; what the client waited beyond the server is the request's cost outside."""
+    phases = [p for p in report.get("phases") or [] if p.get("system") == "vllm"]
+    if not phases:
+        return None
+    alone = isolated_requests(phases[0])
+    if len(alone) < 6:
+        return None
+    rows, secs, drows, dsecs = [], [], [], []
+    for r in alone:
+        server = r["server"]
+        cached = int(r.get("cached_tokens") or 0)
+        new = int(r["prompt_tokens"]) - cached
+        if new < 1:
+            continue
+        steps, attention, done = 0, 0.0, 0
+        while done < new:
+            k = min(budget, new - done)
+            attention += k * (cached + done + k / 2)
+            done += k
+            steps += 1
+        rows.append([float(steps), float(new), attention])
+        secs.append(float(server["time_to_first_token_ms"]) / 1e3)
+        if int(r.get("output_tokens") or 0) > 1 and server.get("mean_itl_ms"):
+            context = int(r["prompt_tokens"]) + int(r["output_tokens"]) / 2
+            drows.append([1.0, context])
+            dsecs.append(float(server["mean_itl_ms"]) / 1e3)
+    if len(rows) < 6 or len(drows) < 3:
+        return None
+    try:
+        (step, context_s), _ = nnls_relative(np.array(drows), np.array(dsecs))
+        secs_net = np.maximum(np.array(secs) - step, 1e-6)
+        (chunk, token, attention_s), _ = nnls_relative(np.array(rows), secs_net)
+    except CalibrationError:
+        return None
+    return MeasuredTimer(
+        step_s=float(step),
+        token_s=max(float(token), 1e-9),
+        attention_s=float(attention_s),
+        context_s=float(context_s),
+        request_overhead_s=outside_engine_s(report),
+        budget=budget,
+        chunk_s=float(chunk),
+    )
+
+
+def fit_connector_costs(
+    report: Mapping[str, Any], timer: MeasuredTimer, budget: int = VLLM_CPU_BATCHED_TOKENS
+) -> dict[str, float]:
+    """What kvtier's connector adds to the engine's steps, from the kvtier phase's requests
+    that ran alone: their server time to first token, less what ``timer`` says the prefill
+    takes and less the connector's own measured wait for loads, fits a cost per prefilled token
+    and per request (empty with fewer than six such requests)."""
+    phases = [p for p in report.get("phases") or [] if p.get("system") != "vllm"]
+    if not phases:
+        return {}
+    rows, secs = [], []
+    for r in isolated_requests(phases[0]):
+        line = r.get("connector") or {}
+        cached = int(line.get("local_hit_tokens") or 0) + int(line.get("loaded_tokens") or 0)
+        new = int(r["prompt_tokens"]) - cached
+        if new < 1:
+            continue
+        server = float(r["server"]["time_to_first_token_ms"]) / 1e3
+        rest = server - timer.step_s - timer.prefill_seconds(new, cached)
+        rest -= float(line.get("load_wait_s") or 0.0)
+        rows.append([float(new), 1.0])
+        secs.append(rest)
+    if len(rows) < 6:
+        return {}
+    design, target = np.array(rows), np.array(secs)
+    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+    token, request = (max(float(c), 0.0) for c in coef)
+    return {"token_cost_s": token, "request_cost_s": request}
 
 
 def outside_engine_s(report: Mapping[str, Any]) -> float:
@@ -210,7 +314,11 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
         engine_speed = report["engine"]
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"not a kvtier run (vLLM) report: it lacks {exc}") from None
-    timer = fit_timer(engine_speed, request_overhead_s=outside_engine_s(report))
+    timer = fit_isolated(report)
+    source = "requests that ran alone"
+    if timer is None:
+        timer = fit_timer(engine_speed, request_overhead_s=outside_engine_s(report))
+        source = "warm-up"
     engine = EngineSpec(
         pool_blocks=int(config["pool_blocks"]),
         block_tokens=VLLM_CPU_BLOCK_TOKENS,
@@ -221,7 +329,7 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
     chunk = int(config.get("chunk_tokens") or 256)
     tiers_info = report.get("tiers") or {}
     samples = load_samples(report, kv_per_token)
-    fits: dict[str, Any] = {"samples": {k: len(v) for k, v in samples.items()}}
+    fits: dict[str, Any] = {"samples": {k: len(v) for k, v in samples.items()}, "timer": source}
     tiers = []
     for i, info in enumerate(tiers_info.get("tiers") or []):
         name = str(info.get("name") or _tier_name("", i))
@@ -240,7 +348,9 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
                 capacity_bytes=float(info.get("bytes") or 0) or None,
             )
         )
-    return RunCalibration(timer, engine, tuple(tiers), chunk, fits)
+    costs = fit_connector_costs(report, timer)
+    fits["connector_costs"] = costs
+    return RunCalibration(timer, engine, tuple(tiers), chunk, fits, connector_costs=costs)
 
 
 #: The timer's coefficients :func:`refine_by_replay` adjusts, and the frontend's.
@@ -287,7 +397,8 @@ def refine_by_replay(
     so zero stays reachable) over the timer's :data:`REFINED` coefficients and the frontend's
     work per request and per token (:data:`FRONTEND`), from the warm-up's fit, minimising the
     replay error (:func:`replay_error`) of the run's own requests within ``evaluations``
-    replays. The run must be another than the one the simulation is judged on.
+    replays (two searches, the second restarted from the first's best point with a smaller
+    simplex). The run must be another than the one the simulation is judged on.
     """
     names = REFINED + FRONTEND
     floors = np.array([_FLOORS[name] for name in names])
@@ -306,9 +417,11 @@ def refine_by_replay(
 
     x0 = np.log(np.array(start, dtype=float) + floors)
     before = error(x0)
-    best_x, best = nelder_mead(error, x0, step=math.log(3.0), evaluations=evaluations)
-    if best >= before:
-        best_x, best = x0, before
+    best_x, best = x0, before
+    for step in (math.log(3.0), math.log(1.5)):  # a restart from the best point escapes stalls
+        x, err = nelder_mead(error, best_x, step=step, evaluations=evaluations // 2)
+        if err < best:
+            best_x, best = x, err
     out = at(best_x)
     fits = dict(cal.fits)
     fits["replay"] = {
@@ -375,7 +488,9 @@ __all__ = [
     "RunCalibration",
     "calibrate_from_profile",
     "calibrate_from_report",
+    "fit_isolated",
     "fit_timer",
+    "isolated_requests",
     "load_samples",
     "nelder_mead",
     "refine_by_replay",

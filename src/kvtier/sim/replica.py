@@ -175,6 +175,7 @@ class Replica:
             i += 1
 
         sync_wait = 0.0
+        looked = 0
         if not preempted:
             skipped: list[SimRequest] = []
             while budget > 0 and len(self.running) < e.max_seqs and (self.ready or self.waiting):
@@ -194,6 +195,7 @@ class Replica:
                     reload = r.preemptions == 0 or e.preemption == "offload"
                     if c is not None and reload:
                         plan = c.match(r, len(hit_keys) * e.block_tokens, now)
+                        looked += 1
                 local_tokens = len(hit_keys) * e.block_tokens
                 start = r.computed or local_tokens
                 ext = plan.tokens if plan else 0
@@ -259,6 +261,9 @@ class Replica:
             elif n > 0:
                 prefill.append((n, r.computed))
         compute = self.timer.step_seconds(prefill, decodes)
+        if self.connector is not None:
+            kv = self.connector.spec
+            compute += kv.token_cost_s * sum(n for n, _ in prefill) + kv.request_cost_s * looked
         st = self.stats
         st.steps += 1
         st.compute_s += compute

@@ -68,3 +68,17 @@ def test_a_kvtier_calibrate_profile_times_the_steps_and_gives_the_tiers():
     config = SimConfig(engine=cal.engine, timer=cal.timer, kvtier=cal.kvtier(), concurrency=4)
     result = simulate(config, reqs)
     assert result.summary["finished"] == len(reqs) and result.summary["hit_tokens"].get("dram")
+
+
+def test_contention_is_fitted_from_a_run_at_concurrency_and_zero_when_it_does_not_help():
+    from kvtier.sim.measured import fit_contention
+
+    report = json.loads(REPORT.read_text())
+    cal = calibrate_from_report(report)
+    phases = {
+        s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
+    }
+    fitted = fit_contention(cal, [(phases, 4)], evaluations=6)
+    info = fitted.fits["contention"]
+    assert fitted.frontend is not None and fitted.frontend.contention == info["value"] >= 0
+    assert info["error"] <= info["error_without"]

@@ -60,6 +60,14 @@ def simulate_command(
             "replace the model and hardware flags."
         ),
     ] = None,
+    concurrency_calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --calibration: another run's report at a concurrency above one, whose "
+            "replay fits how much each request in flight slows the engine's steps (a host "
+            "whose cores the engine shares with its API server and clients)."
+        ),
+    ] = None,
     refine: Annotated[
         bool | None,
         typer.Option(

@@ -42,6 +42,7 @@ class SimArgs:
     reserve: str = "10%"
     profile: Path | None = None
     calibration: Path | None = None
+    concurrency_calibration: Path | None = None
     refine: bool | None = None
     trace: Path | None = None
     trace_format: str = "mooncake"
@@ -171,6 +172,12 @@ def _check(a: SimArgs) -> None:
         raise ConfigError("the SLO's TTFT and TPOT must be positive")
     if a.calibration is not None and not a.calibration.is_file():
         raise ConfigError(f"--calibration: {a.calibration} is not a readable file")
+    extra = a.concurrency_calibration
+    if extra is not None and (a.calibration is None or not extra.is_file()):
+        raise ConfigError(
+            f"--concurrency-calibration: {extra} must be a readable run report, given with "
+            "--calibration"
+        )
 
 
 def _requests(a: SimArgs):
@@ -358,6 +365,8 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
             phases[system] = read_trace(a.calibration, "kvtier-run", system=system).requests
         concurrency = int((report.get("config") or {}).get("concurrency") or 1)
         cal = refine_by_replay(cal, phases, concurrency)
+    if a.concurrency_calibration is not None:
+        cal = _fit_contention(cal, a.concurrency_calibration)
     engine = replace(cal.engine, preemption=a.preemption, max_seqs=a.max_seqs)  # type: ignore[arg-type]
     if a.max_batched_tokens:
         engine = replace(engine, max_batched_tokens=a.max_batched_tokens)
@@ -386,6 +395,27 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
     )
     source = {**source, "calibration": str(a.calibration)}
     return Built(a, config, requests, source, cal)
+
+
+def _fit_contention(cal, path: Path):
+    from kvtier.sim.measured import fit_contention
+    from kvtier.workloads.traces import read_trace
+
+    try:
+        report = json.loads(path.read_text())
+        systems = [str(p.get("system")) for p in report["phases"]]
+        concurrency = int(report["config"]["concurrency"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"--concurrency-calibration: {path} is not a run report ({exc})"
+        ) from None
+    if concurrency < 2:
+        raise ConfigError(
+            f"--concurrency-calibration: {path} ran one request at a time; give a run at "
+            "--concurrency 2 or more"
+        )
+    phases = {s: read_trace(path, "kvtier-run", system=s).requests for s in systems}
+    return fit_contention(cal, [(phases, concurrency)])
 
 
 def _with(a: SimArgs, name: str, value: str) -> SimArgs:

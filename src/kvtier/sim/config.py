@@ -103,16 +103,22 @@ class FrontendSpec:
     A request costs it ``in_s`` of work before the engine sees it, each generated token
     ``out_s`` before the client does; it works at full speed while its engine idles and at
     ``share`` of it while the engine steps (on a host whose cores the engine's forward keeps
-    busy, the two share them). None in a :class:`SimConfig`: requests and tokens pass at once.
+    busy, the two share them). ``contention``: how much each request in flight beyond the first
+    slows the engine's steps (its streaming, and the client's, take the host's cores from the
+    forward): a step takes ``1 + contention · (in flight - 1)`` times its time. None in a
+    :class:`SimConfig`: requests and tokens pass at once and steps take their time.
     """
 
     in_s: float = 0.0
     out_s: float = 0.0
     share: float = 1.0
+    contention: float = 0.0
 
     def __post_init__(self) -> None:
         if self.in_s < 0 or self.out_s < 0:
             raise ConfigError("the frontend's work per request and per token must be >= 0")
+        if self.contention < 0:
+            raise ConfigError("the frontend's contention must be >= 0")
         if not 0 < self.share <= 1:
             raise ConfigError(f"the frontend's share must be in (0, 1], got {self.share}")
 

@@ -433,6 +433,45 @@ def refine_by_replay(
     return replace(out, fits=fits)
 
 
+def fit_contention(
+    cal: RunCalibration,
+    runs: Sequence[tuple[Mapping[str, Sequence[TraceRequest]], int | None]],
+    upper: float = 2.0,
+    evaluations: int = 18,
+) -> RunCalibration:
+    """The calibration whose steps slow with the requests in flight as the calibration runs
+    (``(phases, concurrency)`` each; at least one run with concurrency above one) say: a
+    golden-section search of the frontend's ``contention`` in ``[0, upper]`` on their summed
+    replay error. On a host whose few cores the engine shares with its API server and clients,
+    what one request alone measured does not hold for four at once."""
+    front = cal.frontend or FrontendSpec()
+
+    def error(g: float) -> float:
+        trial = replace(cal, frontend=replace(front, contention=g))
+        return sum(replay_error(trial, phases, c) for phases, c in runs)
+
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = 0.0, upper
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = error(a), error(b)
+    for _ in range(max(evaluations - 2, 0)):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = error(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = error(b)
+    g, best = (a, fa) if fa < fb else (b, fb)
+    zero = error(0.0)
+    if zero <= best:
+        g, best = 0.0, zero
+    fits = dict(cal.fits)
+    fits["contention"] = {"value": g, "error": best, "error_without": zero}
+    return replace(cal, frontend=replace(front, contention=g), fits=fits)
+
+
 def nelder_mead(f, x0: np.ndarray, step: float, evaluations: int) -> tuple[np.ndarray, float]:
     """Minimise ``f`` from ``x0`` (a simplex of side ``step``) within ``evaluations`` calls: the
     standard reflect / expand / contract / shrink moves."""
@@ -488,6 +527,7 @@ __all__ = [
     "RunCalibration",
     "calibrate_from_profile",
     "calibrate_from_report",
+    "fit_contention",
     "fit_isolated",
     "fit_timer",
     "isolated_requests",

@@ -52,8 +52,10 @@ class Replica:
         engine: EngineSpec,
         timer: StepTimer,
         connector: Connector | None = None,
+        contention: float = 0.0,
     ):
         self.index = index
+        self.contention = contention
         self.engine = engine
         self.timer = timer
         self.connector = connector
@@ -264,6 +266,8 @@ class Replica:
         if self.connector is not None:
             kv = self.connector.spec
             compute += kv.token_cost_s * sum(n for n, _ in prefill) + kv.request_cost_s * looked
+        if self.contention and self.outstanding > 1:
+            compute *= 1.0 + self.contention * (self.outstanding - 1)
         st = self.stats
         st.steps += 1
         st.compute_s += compute

@@ -100,7 +100,8 @@ class Simulator:
                 host_in = self._link(f"host->engine[{i}]", bw, lat)
                 host_out = self._link(f"engine->host[{i}]", bw, lat)
             connector = Connector(kv, cfg.engine, tiers, cfg.timer, self._at, host_in, host_out)
-        return Replica(i, cfg.engine, cfg.timer, connector)
+        contention = cfg.frontend.contention if cfg.frontend is not None else 0.0
+        return Replica(i, cfg.engine, cfg.timer, connector, contention)
 
     # --- events ------------------------------------------------------------------------------
     def _at(self, t: float, fn: Callable[[float], None]) -> None:

@@ -13,7 +13,7 @@ REPORT = Path(__file__).parents[1] / "workloads" / "data" / "kvtier_run_small.js
 
 def test_the_report_gives_the_engine_tiers_and_timer():
     cal = calibrate_from_report(json.loads(REPORT.read_text()))
-    assert cal.engine.pool_blocks == 72 and cal.engine.block_tokens == 128
+    assert cal.engine.pool_blocks == 71 and cal.engine.block_tokens == 128
     assert [t.name for t in cal.tiers] == ["dram", "disk"] and cal.chunk_tokens == 256
     assert cal.timer.step_s > 0 and cal.timer.token_s > 0
 

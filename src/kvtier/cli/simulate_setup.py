@@ -368,6 +368,14 @@ def _from_calibration(a: SimArgs, requests: list, source: dict, run) -> Built:
     if a.concurrency_calibration is not None:
         cal = _fit_contention(cal, a.concurrency_calibration)
     engine = replace(cal.engine, preemption=a.preemption, max_seqs=a.max_seqs)  # type: ignore[arg-type]
+    if run is not None:  # a replayed run brings its own serving set-up: its pool, its length
+        from kvtier.sim.measured import VLLM_NULL_BLOCKS
+
+        engine = replace(
+            engine,
+            pool_blocks=run.pool_blocks - VLLM_NULL_BLOCKS,
+            max_model_len=run.max_model_len,
+        )
     if a.max_batched_tokens:
         engine = replace(engine, max_batched_tokens=a.max_batched_tokens)
     if a.block_tokens:

@@ -35,6 +35,8 @@ from kvtier.workloads.requests import TraceRequest
 #: vLLM's block on this CPU backend and its OpenAI server's token budget per step there.
 VLLM_CPU_BLOCK_TOKENS = 128
 VLLM_CPU_BATCHED_TOKENS = 2048
+#: Blocks of vLLM's pool no request can use (its block pool keeps one "null" block).
+VLLM_NULL_BLOCKS = 1
 #: Read speeds of the connector's tiers when a report has no loads to fit them from
 #: (bytes/s, seconds): a tmpfs slab copied by one thread, an O_DIRECT slab on local disk.
 DEFAULT_READ = {"dram": (1.0e9, 2e-3), "disk": (0.8e9, 5e-3)}
@@ -320,7 +322,7 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
         timer = fit_timer(engine_speed, request_overhead_s=outside_engine_s(report))
         source = "warm-up"
     engine = EngineSpec(
-        pool_blocks=int(config["pool_blocks"]),
+        pool_blocks=int(config["pool_blocks"]) - VLLM_NULL_BLOCKS,
         block_tokens=VLLM_CPU_BLOCK_TOKENS,
         kv_bytes_per_token=kv_per_token,
         max_batched_tokens=VLLM_CPU_BATCHED_TOKENS,

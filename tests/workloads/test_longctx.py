@@ -140,3 +140,26 @@ def test_bad_specs_are_refused():
         LongContextSpec(docs=0)
     with pytest.raises(ConfigError, match="vocab"):
         LongContextSpec(vocab=(5, 5))
+
+
+def test_workload_files_are_read_and_bad_fields_named(tmp_path):
+    from pathlib import Path
+
+    import pytest
+
+    from kvtier.errors import ConfigError
+    from kvtier.workloads.longctx import LongContextSpec
+
+    shipped = Path(__file__).parents[2] / "docs" / "measurements" / "sim" / "wl100.json"
+    assert LongContextSpec.from_file(shipped).requests() == 103
+    toml = tmp_path / "w.toml"
+    toml.write_text("chat_sessions = 2\nvocab = [10, 20]\n")
+    spec = LongContextSpec.from_file(toml)
+    assert spec.chat_sessions == 2 and spec.vocab == (10, 20)
+    bad = tmp_path / "bad.json"
+    for text, says in (('{"chat_sesions": 1}', "chat_sesions"), ('{"docs": "two"}', "docs")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=says):
+            LongContextSpec.from_file(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        LongContextSpec.from_file(tmp_path / "missing.json")

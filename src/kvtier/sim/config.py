@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from kvtier.errors import ConfigError
@@ -148,7 +148,6 @@ class SimConfig:
     slo_tpot_s: float = 0.1
     seed: int = 0
     frontend: FrontendSpec | None = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

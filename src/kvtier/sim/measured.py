@@ -245,13 +245,6 @@ def outside_engine_s(report: Mapping[str, Any]) -> float:
     return max(float(np.percentile(gaps, 10)), 0.0) if gaps else 0.0
 
 
-def _tier_name(url: str, index: int) -> str:
-    for part in url.split("?", 1)[-1].split("&"):
-        if part.startswith("name="):
-            return part[5:]
-    return f"tier{index}"
-
-
 def load_samples(report: Mapping[str, Any], kv_bytes_per_token: float) -> dict[str, list]:
     """(bytes, seconds) of the synchronous loads per tier, from the kvtier phase's records."""
     out: dict[str, list[tuple[int, float]]] = {}
@@ -334,7 +327,7 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
     fits: dict[str, Any] = {"samples": {k: len(v) for k, v in samples.items()}, "timer": source}
     tiers = []
     for i, info in enumerate(tiers_info.get("tiers") or []):
-        name = str(info.get("name") or _tier_name("", i))
+        name = str(info.get("name") or f"tier{i}")
         bandwidth, latency = DEFAULT_READ.get(name, DEFAULT_READ["disk"])
         found = samples.get(name, [])
         if len({b for b, _ in found}) >= 2:

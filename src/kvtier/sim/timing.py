@@ -17,7 +17,7 @@ chunks it), the ``ComputeModel`` the load-or-recompute decision compares loads a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,37 +86,6 @@ class MeasuredTimer:
                 raise ConfigError(f"measured timer: {name} must be finite and >= 0, got {value}")
         if self.budget < 1:
             raise ConfigError("measured timer: the token budget must be at least 1")
-
-    @classmethod
-    def from_engine_speed(cls, engine: Mapping[str, Any], budget: int = 2048) -> MeasuredTimer:
-        """From a ``kvtier run --engine vllm`` report's ``engine`` section: its cold-prompt
-        curve ``a + b·n + c·n²`` (seconds to first token) and one decode step's seconds.
-
-        A decode step is the step's fixed cost; ``b`` the cost per token; ``c·n²`` the
-        attention of a prompt over itself (``attention_s = 2c``); what ``a`` holds beyond one
-        step's fixed cost (one step per ``budget`` tokens of the curve's longest prompt) is the
-        request's cost outside the steps.
-        """
-        try:
-            prefill = engine["prefill"]
-            a, b = float(prefill["a_s"]), float(prefill["b_s_per_token"])
-            c = float(prefill.get("c_s_per_token2", 0.0))
-            step = float(engine["decode_step_s"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"the engine's measured speed lacks {exc}") from None
-        points = prefill.get("points") or []
-        longest = max((int(p[0]) for p in points), default=budget)
-        steps = max(1, -(-longest // budget))
-        # a + b·n fits the curve's points, which ran ``steps`` steps: their fixed costs are in b
-        # for the longer prompts; keep the per-token cost net of them.
-        token = max(b - (steps - 1) * step / max(longest, 1), 1e-9)
-        return cls(
-            step_s=step,
-            token_s=token,
-            attention_s=2.0 * c,
-            request_overhead_s=max(a - step, 0.0),
-            budget=budget,
-        )
 
     def step_seconds(
         self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]

@@ -44,8 +44,8 @@ PLANE_DTYPES = ("bf16", "fp16")
 CHANNEL_DTYPES = ("bf16",)
 #: A plane is stored zstd-coded only when that saves at least this share of its bytes.
 PLANE_MIN_GAIN = 1 / 128
-#: Bytes of the high plane zstd tries first; a sample that does not shrink to
-#: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
+#: Bytes of the high plane (of the block, for dtypes without planes) zstd tries first; a sample
+#: that does not shrink to ``PROBE_MAX_SHARE`` of its size means the block is left raw.
 PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
 LEVEL = 1
@@ -91,6 +91,11 @@ def merge_planes(high, low, out: np.ndarray, tokens: int, channels: int) -> None
     pairs[:, 0] = np.frombuffer(low, np.uint8, n)
 
 
+def _shrinks(sample) -> bool:
+    """Whether zstd shrinks ``sample`` to at most :data:`PROBE_MAX_SHARE` of its size."""
+    return len(zstd_compress(sample, LEVEL)) <= PROBE_MAX_SHARE * len(memoryview(sample))
+
+
 def _code(plane) -> tuple[bytes | memoryview, bool]:
     """A plane's stored section and whether it is zstd-coded (only when that gains)."""
     view = memoryview(plane).cast("B")
@@ -111,13 +116,15 @@ class PlaneCodec:
         raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
         size = raw.nbytes
         if dtype not in PLANE_DTYPES or size < 4:
+            if size > 2 * PROBE_BYTES and not _shrinks(raw[:PROBE_BYTES]):
+                return None
             frame = zstd_compress(raw, LEVEL)
             if not gains(_HEAD.size + len(frame), size):
                 return None
             return _HEAD.pack(MAGIC, MODE_BYTES, HIGH_CODED, 1, 1, 0, size, len(frame), 0) + frame
         n = size // 2
         probe = np.frombuffer(raw, np.uint8, 2 * min(n, PROBE_BYTES))[1::2]
-        if len(zstd_compress(probe.tobytes(), LEVEL)) > PROBE_MAX_SHARE * probe.size:
+        if not _shrinks(probe.tobytes()):
             return None
         tokens, channels = channel_layout(tuple(shape), n) if dtype in CHANNEL_DTYPES else (1, 1)
         high, low = split_planes(raw, tokens, channels)

@@ -23,6 +23,20 @@ def test_counters_are_taken_once_and_aggregate_by_sum():
     assert not total.is_empty() and KVTierStats().is_empty()
 
 
+def test_a_caches_tier_errors_and_outages_are_carried_over_as_they_grow():
+    from kvtier.cache.metrics import CacheMetrics
+
+    metrics = CacheMetrics(("host", "redis"), 256, (0.1,))
+    counters = ConnectorCounters(metrics)
+    assert counters.take() is None  # nothing failed yet
+    metrics.count(1, tier_errors=3, tier_outages=1)
+    taken = counters.take()
+    assert taken.data["counts"] == {"tier_errors@redis": 3, "tier_outages@redis": 1}
+    assert counters.take() is None  # carried once
+    metrics.count(1, tier_errors=2)
+    assert counters.take().data["counts"] == {"tier_errors@redis": 2}
+
+
 def test_measurements_for_the_cost_model_survive_aggregation():
     a = KVTierStats(data={"counts": {}, "observed": {}, "prefills": [(512, 0, 0.5)]})
     b = KVTierStats(data={"counts": {}, "observed": {}, "loads": [("host", 10, 0.1, 1)]})

@@ -91,7 +91,7 @@ class SchedulerSide:
         self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
-        self.counters = ConnectorCounters()
+        self.counters = ConnectorCounters(self.cache.metrics)
         self._reqs: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
         self._inflight: dict[str, _Request] = {}

@@ -12,7 +12,10 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvtier.cache.metrics import CacheMetrics
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
@@ -50,7 +53,11 @@ TIER_COUNTERS = {
     "tier_hit_tokens": "tokens loaded from this tier",
     "tier_loaded_bytes": "bytes loaded from this tier",
     "tier_load_seconds": "seconds spent loading from this tier",
+    "tier_errors": "operations on this tier that raised (connection, timeout, I/O), both halves",
+    "tier_outages": "times a half took this tier out of use after it failed (circuit breaker)",
 }
+#: Per-tier counters of the cache's own metrics a half carries over at every collection.
+CACHE_TIER_COUNTERS = ("tier_errors", "tier_outages")
 #: Histograms: name → (help, buckets).
 HISTOGRAMS = {
     "kv_wait_seconds": (
@@ -63,10 +70,14 @@ HISTOGRAMS = {
 class ConnectorCounters:
     """What one half counted since the last collection (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_metrics: CacheMetrics | None = None) -> None:
+        """``cache_metrics``: the half's TieredCache metrics, whose tier errors and outages
+        (:data:`CACHE_TIER_COUNTERS`) each collection carries over as they grow."""
         self._lock = threading.Lock()
         self._counts: defaultdict[str, float] = defaultdict(float)
         self._observed: defaultdict[str, list[float]] = defaultdict(list)
+        self._cache_metrics = cache_metrics
+        self._seen: dict[str, int] = {}
 
     def add(self, name: str, amount: float = 1.0, tier: str | None = None) -> None:
         """Add to counter ``name`` (of ``tier``, for per-tier counters)."""
@@ -81,6 +92,7 @@ class ConnectorCounters:
 
     def take(self) -> KVTierStats | None:
         """Everything counted since the last take, as vLLM's stats object (None if nothing)."""
+        self._carry_cache_counts()
         with self._lock:
             if not self._counts and not self._observed:
                 return None
@@ -88,6 +100,18 @@ class ConnectorCounters:
             self._counts = defaultdict(float)
             self._observed = defaultdict(list)
         return KVTierStats(data=data)
+
+    def _carry_cache_counts(self) -> None:
+        metrics = self._cache_metrics
+        if metrics is None:
+            return
+        for tier, counters in zip(metrics.tier_names, metrics.tiers, strict=True):
+            for name in CACHE_TIER_COUNTERS:
+                key = f"{name}@{tier}"
+                now = getattr(counters, name)
+                if now > self._seen.get(key, 0):
+                    self.add(name, now - self._seen.get(key, 0), tier=tier)
+                    self._seen[key] = now
 
 
 @dataclass

@@ -74,7 +74,7 @@ class WorkerSide:
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
         self.names = self.cache.names
-        self.counters = ConnectorCounters()
+        self.counters = ConnectorCounters(self.cache.metrics)
         self.layout: PagedLayout | None = None
         self._caches: list[np.ndarray] = []  # each layer's blocks as byte rows
         self._warm = -(-warm_tokens // self.chunk) if warm_tokens > 0 else 0

@@ -25,11 +25,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, parse_header
+from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_block, parse_header
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
 from kvtier.tiers.redis.options import RedisOptions
-from kvtier.tiers.shared import SharedTier, batches, encode, key_of, open_or_degrade
+from kvtier.tiers.shared import SharedTier, batches, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
 
 SCHEMES = ("redis", "rediss", "valkey")
@@ -69,11 +70,10 @@ class RedisTier(SharedTier):
             health_check_interval=0,
         )
         if tls:
-            kwargs |= dict(
-                ssl=True, ssl_ca_certs=o.ca, ssl_cert_reqs="required" if o.verify else "none"
-            )
+            kwargs |= dict(ssl_ca_certs=o.ca, ssl_cert_reqs="required" if o.verify else "none")
             if not o.verify:
                 kwargs["ssl_check_hostname"] = False
+        kwargs["connection_class"] = ValueSSLConnection if tls else ValueConnection
         what = f"the {self.name} tier (redis at {self.address})"
         if o.cluster and db != 0:
             raise ConfigError("a Redis Cluster has only database 0; drop the /db from the URL")
@@ -136,9 +136,12 @@ class RedisTier(SharedTier):
                     if self.options.cluster:
                         from redis.cluster import RedisCluster
 
-                        self._client = RedisCluster(**self._args)
+                        args = dict(self._args)  # cluster nodes make their own pools
+                        ssl = args.pop("connection_class") is ValueSSLConnection
+                        self._client = RedisCluster(**args, ssl=ssl)
                     else:
-                        self._client = redis.Redis(**self._args)
+                        pool = redis.ConnectionPool(**self._args)
+                        self._client = redis.Redis(connection_pool=pool)
                 client = self._client
         return client
 
@@ -220,11 +223,11 @@ class RedisTier(SharedTier):
         split: list[tuple[int, bytes]] = []
         single: list[int] = []
         for i, (key, payload, meta) in enumerate(run):
-            data = encode(self.namespace, key, payload, meta)
-            if len(data) > o.max_value:
-                split.append((i, data))
+            header, stored = pack_block(self.namespace, key, payload, meta)
+            if len(header) + stored.nbytes > o.max_value:
+                split.append((i, b"".join((header, stored))))
             else:
-                pipe.set(self.name_of(key), data, px=px)
+                pipe.set(self.name_of(key), self._value(header, stored), px=px)
                 single.append(i)
         if single:
             for i, reply in zip(single, pipe.execute(raise_on_error=False), strict=True):
@@ -250,6 +253,13 @@ class RedisTier(SharedTier):
             with self._count_lock:
                 self.refused_puts += refused
         return out
+
+    def _value(self, header: bytes, stored: memoryview):
+        """A SET's value: header and payload sent from their own buffers (a cluster client,
+        whose connections use redis-py's packer, gets them joined)."""
+        if self.options.cluster:
+            return b"".join((header, stored))
+        return Pieces((header, stored))
 
     def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
         out: list[bool] = []

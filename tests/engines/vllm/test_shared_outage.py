@@ -1,0 +1,129 @@
+"""vLLM's OpenAI server with kvtier's connector over a Redis tier whose real server is paused
+(SIGSTOP: it accepts and never answers), resumed, killed (SIGKILL) and started again, while
+requests keep coming: every request is answered with the tokens it gets with Redis up, no
+exception reaches the engine, the breaker keeps the tier's timeouts to a few per outage, the
+outage is on ``/metrics``, and Redis serves KV again within 5 s of answering again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from kvtier.testing import services
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPT_TOKENS = 600  # two 256-token chunks kvtier can load, the rest computed
+RESUME_S = 5.0
+TIMEOUT_S = 0.1  # the tier's bound on one operation (its default)
+
+
+def _complete(base: str, model: str, prompt: list[int]) -> str:
+    body = json.dumps(
+        {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    ).encode()
+    req = urllib.request.Request(
+        f"{base}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())["choices"][0]["text"]
+
+
+def _series(base: str, name: str) -> float:
+    """The sum of kvtier's counter ``name`` for the Redis tier on ``/metrics``."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"kvtier_{name}_total{{") and 'tier="redis"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _until(check, timeout_s: float, what: str) -> float:
+    """Poll ``check`` until it holds; the seconds it took."""
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout_s:
+            pytest.fail(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
+    from kvtier.engines.embedded import embedded_model_folder
+    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+
+    redis = services.start_redis(tmp_path / "redis")
+    tag = uuid.uuid4().hex[:8]
+    connector = {
+        "kv_connector": "KVTierConnector",
+        "kv_connector_module_path": "kvtier.engines.vllm.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "tiers": [f"{redis.url}?prefix=outage-{tag}&timeout={TIMEOUT_S}&name=redis"]
+        },
+    }
+    folder, _, _ = embedded_model_folder()
+    config = ServerConfig(
+        folder,
+        max_model_len=2048,
+        kv_transfer_config=connector,
+        extra_args=("--no-enable-prefix-caching",),
+    )
+    prompts = [text_tokens[i * PROMPT_TOKENS : (i + 1) * PROMPT_TOKENS] for i in range(5)]
+    try:
+        with VllmServer(config, tmp_path / "server.log") as server:
+            base, model = server.base_url, server.model_name
+            hits = lambda: _series(base, "tier_hit_tokens")  # noqa: E731
+
+            def reload(prompt: list[int], want: str, timeout_s: float) -> float:
+                """Ask for ``prompt`` until kvtier loads it from Redis (answers stay right)."""
+                before = hits()
+
+                def loaded() -> bool:
+                    assert _complete(base, model, prompt) == want
+                    return hits() > before
+
+                return _until(loaded, timeout_s, "a load from Redis")
+
+            # Redis up: the first answer is computed and stored, a repeat loads it.
+            first = _complete(base, model, prompts[0])
+            reload(prompts[0], first, 30)
+
+            # Paused: it accepts and never answers. Answers are recomputed, right, and the
+            # breaker pays the timeout a few times per outage, not on every operation.
+            redis.signal(signal.SIGSTOP)
+            for p in (prompts[0], prompts[1], prompts[0], prompts[2], prompts[0]):
+                answer = _complete(base, model, p)
+                assert p is not prompts[0] or answer == first
+            errors_paused = _series(base, "tier_errors")
+            assert _series(base, "tier_outages") >= 1
+            assert 1 <= errors_paused <= 12
+            redis.signal(signal.SIGCONT)
+            resumed = reload(prompts[0], first, RESUME_S + 10)
+
+            # Killed: connections are refused; answers stay right, the outage is counted.
+            outages = _series(base, "tier_outages")
+            redis.signal(signal.SIGKILL)
+            for p in (prompts[0], prompts[4], prompts[0]):
+                answer = _complete(base, model, p)
+                assert p is not prompts[0] or answer == first
+            assert _series(base, "tier_outages") > outages
+            # Started again, empty: new KV is stored there and loaded back.
+            redis = services.restart(redis)
+            third = _complete(base, model, prompts[3])
+            back = reload(prompts[3], third, RESUME_S + 10)
+    finally:
+        redis.stop()
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "Traceback" not in log, "an exception reached the engine: see server.log"
+    print(f"paused: {errors_paused:.0f} tier errors; Redis served again {resumed:.1f} s after")
+    print(f"SIGCONT and {back:.1f} s after its restart")
+    assert resumed <= RESUME_S + 5 and back <= RESUME_S + 5

@@ -33,6 +33,11 @@ class ClientReference:
     def detail(self, plan: PassPlan) -> str:
         raise NotImplementedError
 
+    def forget(self) -> None:
+        """Remove what the reference wrote, as the bench removes kvtier's blocks after each
+        round, so both sides' next writes meet the same server state (new keys)."""
+        self.close()
+
     def close(self) -> None:
         """Remove what the reference wrote."""
 

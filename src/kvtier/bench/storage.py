@@ -358,6 +358,8 @@ class StorageBench:
                                 theirs[op].append(ref)
                     self.on_step(f"{label}: {op}s")
                 tier.delete_many(keys)
+                if isinstance(run.copy_ref, ClientReference):
+                    run.copy_ref.forget()
                 for op in ("write", "read"):
                     runs[op].append(combine_passes(ours[op]))
                     if theirs[op] and len(theirs[op]) == len(slices):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
+import numpy as np
+
 from kvtier.codec.errors import CorruptBlockError
 from kvtier.codec.planes import PlaneCodec
 from kvtier.codec.zstd_frames import gains, zstd_compress, zstd_decompress
@@ -38,6 +40,10 @@ class Codec(Protocol):
         ...
 
 
+#: Payloads at least this large are copied by numpy, which releases the GIL while it copies.
+_GIL_FREE_COPY = 64 * 1024
+
+
 class RawCodec:
     """The identity codec: stored bytes are the raw bytes."""
 
@@ -53,7 +59,10 @@ class RawCodec:
             raise CorruptBlockError(
                 f"raw payload of {n} bytes exceeds the {out.nbytes}-byte buffer"
             )
-        out[:n] = stored
+        if n >= _GIL_FREE_COPY:  # numpy copies without the GIL: other threads run meanwhile
+            np.copyto(np.frombuffer(out, np.uint8, n), np.frombuffer(stored, np.uint8, n))
+        else:
+            out[:n] = stored
         return n
 
 

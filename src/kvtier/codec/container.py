@@ -9,7 +9,7 @@ eviction hint). No pickle: every field is a fixed-width number.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import xxhash
 
@@ -60,6 +60,20 @@ class BlockMeta:
             raise ValueError(
                 f"block value must be a non-negative number of seconds, not {self.value}"
             )
+
+    def with_codec(self, codec: str) -> BlockMeta:
+        """The same meta naming ``codec`` (fields already checked: no second validation)."""
+        if codec == self.codec:
+            return self
+        out = object.__new__(BlockMeta)
+        for name, value in (
+            ("dtype", self.dtype),
+            ("shape", self.shape),
+            ("codec", codec),
+            ("value", self.value),
+        ):
+            object.__setattr__(out, name, value)
+        return out
 
 
 RAW_META = BlockMeta()
@@ -124,7 +138,7 @@ def encode_payload(raw: memoryview, meta: BlockMeta) -> tuple[int, BlockMeta, me
         stored = codec.encode(raw, meta.dtype, tuple(meta.shape))
         if stored is not None:
             return codec.id, meta, memoryview(stored).cast("B")
-        meta = replace(meta, codec=RawCodec.name)
+        meta = meta.with_codec(RawCodec.name)
     return RawCodec.id, meta, raw
 
 

@@ -9,8 +9,8 @@ element into two planes and lays the high plane out channel-major — for a bloc
 matches and its per-block Huffman tables follow each channel's exponents. Each plane is zstd
 level 1 or, when that does not gain, stored as is. The channel step is for bf16 only (see
 :data:`CHANNEL_DTYPES`). Blocks of other dtypes (fp8, int8, fp32 …)
-and blocks without a usable shape are coded the same way without the channel step (fp8, u8:
-one zstd frame of the bytes).
+and blocks without a usable shape are coded the same way without the channel step (fp8: one
+zstd frame of the bytes); opaque bytes (u8) are not KV and are stored as they are.
 
 Stored form (little-endian): ``KP``, mode (0: one zstd frame of the raw bytes; 1: 16-bit
 planes), flags (bit 0: high plane zstd-coded, bit 1: low plane zstd-coded), tokens and channels
@@ -36,6 +36,8 @@ MODE_BYTES = 0
 MODE_PLANES = 1
 HIGH_CODED = 1
 LOW_CODED = 2
+#: The dtype of bytes that are not typed KV: stored as they are (``zstd`` codes any bytes).
+OPAQUE_DTYPE = "u8"
 #: dtypes split into two byte planes.
 PLANE_DTYPES = ("bf16", "fp16")
 #: dtypes whose high plane is laid out channel-major: bf16, whose high byte is sign and
@@ -44,10 +46,12 @@ PLANE_DTYPES = ("bf16", "fp16")
 CHANNEL_DTYPES = ("bf16",)
 #: A plane is stored zstd-coded only when that saves at least this share of its bytes.
 PLANE_MIN_GAIN = 1 / 128
-#: Bytes of the high plane (of the block, for dtypes without planes) zstd tries first; a sample
-#: that does not shrink to ``PROBE_MAX_SHARE`` of its size means the block is left raw.
+#: Bytes of the high plane zstd tries first; a sample that does not shrink to
+#: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
 PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
+#: Bytes zstd tries first of a block without planes (fp8, u8…), likewise.
+BYTES_PROBE = 4 * 1024
 LEVEL = 1
 
 
@@ -115,8 +119,10 @@ class PlaneCodec:
         """The stored form, or None when the block does not shrink (the caller stores it raw)."""
         raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
         size = raw.nbytes
+        if dtype == OPAQUE_DTYPE:
+            return None
         if dtype not in PLANE_DTYPES or size < 4:
-            if size > 2 * PROBE_BYTES and not _shrinks(raw[:PROBE_BYTES]):
+            if size > 2 * BYTES_PROBE and not _shrinks(raw[:BYTES_PROBE]):
                 return None
             frame = zstd_compress(raw, LEVEL)
             if not gains(_HEAD.size + len(frame), size):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import parse_qs, urlparse
@@ -188,7 +188,7 @@ class Tier(ABC):
     def _coded(self, meta: BlockMeta) -> BlockMeta:
         """``meta`` naming this tier's codec: a tier stores every block with its own codec,
         whatever the block was stored with where it came from."""
-        return meta if meta.codec == self.codec else replace(meta, codec=self.codec)
+        return meta.with_codec(self.codec)
 
     def _coded_items(
         self, items: Sequence[tuple[bytes, object, BlockMeta]]

@@ -66,11 +66,8 @@ def key_of(name: str) -> bytes | None:
 
 
 def encode(namespace: bytes, key: bytes, payload, meta: BlockMeta) -> bytes:
-    """One block as the bytes of one object: the container's header, then its stored payload.
-
-    ``bytes``, not a view: redis-py sends a bytes value faster than a memoryview, and one
-    copy of the payload costs less than that difference.
-    """
+    """One block as the bytes of one object: the container's header, then its stored payload
+    (for stores whose clients take one buffer per object)."""
     header, stored = pack_block(namespace, key, payload, meta)
     return b"".join((header, stored))
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 import xxhash
 
-from kvtier.codec import BlockHeader, CorruptBlockError
+from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError, CorruptBlockError
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.testing.tier_conformance import (
     NS_A,
@@ -213,3 +213,41 @@ def test_rediss_speaks_tls_and_checks_the_certificate(spawn_server):
     unchecked = open_tier(f"{plain}?timeout=2&verify=0", NS_A)
     assert unchecked.contains(key)
     unchecked.close()
+
+
+def test_a_batch_lands_in_its_buffers_whatever_each_reply_is(redis_server, tmp_path):
+    """One pipelined batch: a stored block, a miss, a corrupted value, a block of another key
+    and a bf16 block stored coded, each read straight into its buffer or reported."""
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), timeout=1), NS_A)
+    keys = [make_key(i, b"batch") for i in range(5)]
+    size = 96 * 1024
+    for key in (keys[0], keys[2], keys[3]):
+        assert tier.put(key, make_payload(key, 1, size))
+    kv = (np.arange(size // 2, dtype=np.uint16) % 64 + 0x3F00).view(np.uint8)
+    assert tier.put(keys[4], kv, BlockMeta("bf16", (size // 2,)))
+    client = tier.client
+    broken = bytearray(client.get(tier.name_of(keys[2])))
+    broken[-1] ^= 1
+    client.set(tier.name_of(keys[2]), bytes(broken))
+    client.set(tier.name_of(keys[3]), client.get(tier.name_of(keys[0])))  # another key's block
+    outs = [np.zeros(size, np.uint8) for _ in keys]
+    got = tier.get_many_into(keys, outs)
+    assert isinstance(got[0], BlockHeader) and check_payload(outs[0], size, keys[0]) == 1
+    assert got[1] is None
+    assert isinstance(got[2], CorruptBlockError)
+    assert isinstance(got[3], BlockError)
+    assert isinstance(got[4], BlockHeader) and got[4].meta.codec == "kv"
+    assert np.array_equal(outs[4], kv)
+    tier.close()
+
+
+def test_a_buffer_too_small_drops_the_connection_not_the_next_read(redis_server, tmp_path):
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), timeout=1), NS_A)
+    key = make_key(1, b"small")
+    assert tier.put(key, make_payload(key, 1, 64 * 1024))
+    with pytest.raises(BufferTooSmallError):
+        tier.get_many_into([key, key], [np.zeros(1024, np.uint8), np.zeros(64 * 1024, np.uint8)])
+    out = np.zeros(64 * 1024, np.uint8)
+    assert isinstance(tier.get_into(key, out), BlockHeader)
+    assert check_payload(out, 64 * 1024, key) == 1
+    tier.close()

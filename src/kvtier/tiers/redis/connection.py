@@ -26,6 +26,19 @@ class Pieces:
         self.parts = [memoryview(p).cast("B") for p in parts]
         self.nbytes = sum(p.nbytes for p in self.parts)
 
+    def chunks(self, lead: bytes, cutoff: int) -> list:
+        """What goes on the wire for this value after ``lead``: small parts joined into the
+        bytes around them (one send), large ones as they are; the last item is always bytes."""
+        out: list = []
+        small = [lead]
+        for part in self.parts:
+            if part.nbytes > cutoff:
+                out += [b"".join(small), part]
+                small = []
+            else:
+                small.append(part.tobytes())
+        return [*out, b"".join(small)]
+
 
 class PiecesPacker(PythonRespSerializer):
     """redis-py's Python command packer, which also takes :class:`Pieces` arguments."""
@@ -39,9 +52,9 @@ class PiecesPacker(PythonRespSerializer):
         buff = b"*%d\r\n" % len(args)
         for arg in args:
             if type(arg) is Pieces:
-                out.append(buff + b"$%d\r\n" % arg.nbytes)
-                out.extend(arg.parts)
-                buff = b"\r\n"
+                *sent, tail = arg.chunks(buff + b"$%d\r\n" % arg.nbytes, self._buffer_cutoff)
+                out += sent
+                buff = tail + b"\r\n"
             else:
                 data = self.encode(arg)
                 buff += b"$%d\r\n%s\r\n" % (len(data), data)

@@ -29,6 +29,7 @@ from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_b
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
+from kvtier.tiers.redis.direct_read import read_values
 from kvtier.tiers.redis.options import RedisOptions
 from kvtier.tiers.shared import SharedTier, batches, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
@@ -175,15 +176,35 @@ class RedisTier(SharedTier):
         for run, run_outs in zip(
             batches(keys, self.options.batch), batches(outs, self.options.batch), strict=True
         ):
+            if not self.options.cluster:
+                results += self._read_direct(run, run_outs)
+                continue
             pipe = self._pipe()
             for key in run:
                 pipe.get(self.name_of(key))
-            firsts = pipe.execute()
-            values = self._whole(run, firsts)
+            values = self._whole(run, pipe.execute())
             results += [
                 self._decode_into(k, v, o) for k, v, o in zip(run, values, run_outs, strict=True)
             ]
         return results
+
+    def _read_direct(self, keys: Sequence[bytes], outs: Sequence) -> list:
+        """One batch of GETs whose replies land in ``outs`` (see :mod:`.direct_read`); a block
+        split over several values takes the general path."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            got = read_values(conn, [self.name_of(k) for k in keys], keys, outs, self.namespace)
+        except BaseException:
+            conn.disconnect()  # possibly mid-reply: never back in use as it is
+            raise
+        finally:
+            pool.release(conn)
+        for i, value in enumerate(got):
+            if isinstance(value, bytes):
+                (whole,) = self._whole([keys[i]], [value])
+                got[i] = self._decode_into(keys[i], whole, outs[i])
+        return got
 
     def _whole(self, keys: Sequence[bytes], firsts: list) -> list:
         """The whole stored objects: the parts of a split block are read again, all in one
@@ -215,22 +236,30 @@ class RedisTier(SharedTier):
         return out
 
     def _put_run(self, run: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
-        """One pipeline for the blocks of one value; one transaction per split block."""
+        """One pipeline (or one command) for the blocks of one value; one transaction per split
+        block."""
         o = self.options
         px = int(o.ttl * 1000) or None
-        pipe = self._pipe()
         replies: list = [None] * len(run)
         split: list[tuple[int, bytes]] = []
-        single: list[int] = []
+        single: list[tuple[int, str, object]] = []
         for i, (key, payload, meta) in enumerate(run):
             header, stored = pack_block(self.namespace, key, payload, meta)
             if len(header) + stored.nbytes > o.max_value:
                 split.append((i, b"".join((header, stored))))
             else:
-                pipe.set(self.name_of(key), self._value(header, stored), px=px)
-                single.append(i)
-        if single:
-            for i, reply in zip(single, pipe.execute(raise_on_error=False), strict=True):
+                single.append((i, self.name_of(key), self._value(header, stored)))
+        if len(single) == 1:  # one command costs less without a pipeline
+            i, name, value = single[0]
+            try:
+                replies[i] = [self.client.set(name, value, px=px)]
+            except ResponseError as exc:  # refused (e.g. OOM under noeviction)
+                replies[i] = [exc]
+        elif single:
+            pipe = self._pipe()
+            for _, name, value in single:
+                pipe.set(name, value, px=px)
+            for (i, _, _), reply in zip(single, pipe.execute(raise_on_error=False), strict=True):
                 replies[i] = [reply]
         for i, data in split:
             tx = self.client.pipeline(transaction=True)

@@ -1,11 +1,13 @@
 """The S3 tier: one object per block on any S3-compatible store, through obstore.
 
 Objects are named ``<url prefix>/<prefix>/<namespace>/<key>`` (hex). A batch of gets, heads or
-puts runs concurrently (``concurrency=`` in flight) on an event loop the tier owns, and the
-whole batch is bounded: ``timeout=`` seconds per round of requests plus its bytes at ``rate=``;
-past that it raises TimeoutError and its requests are cancelled. obstore sends large objects
-in multipart uploads by itself. With ``ttl=``, an object older than that is a miss (S3 keeps it
-until the bucket's lifecycle rules remove it).
+puts runs concurrently (``concurrency=`` in flight) on threads the tier owns, each making
+obstore's blocking calls (which release the GIL; they cost less per request than obstore's
+asyncio calls on an event loop), and the whole batch is bounded: ``timeout=`` seconds per round
+of requests plus its bytes at ``rate=``; past that it raises TimeoutError and its requests that
+have not started are dropped (one that has keeps its thread until the client gives up on it).
+obstore sends large objects in multipart uploads by itself. With ``ttl=``, an object older than
+that is a miss (S3 keeps it until the bucket's lifecycle rules remove it).
 
 At open the bucket is checked with one signed HEAD request: a missing bucket is a clear error
 unless ``create=1`` (then it is created), as are refused credentials and a server that does not
@@ -15,13 +17,13 @@ with an ``endpoint=`` and no ``AWS_ACCESS_KEY_ID`` the requests go unsigned (ano
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import obstore
 from obstore.store import S3Store
@@ -35,6 +37,7 @@ from kvtier.tiers.url import parse_options
 
 _OPEN_TIMEOUT_S = 2.0
 _FIRST_GUESS = 1 << 20  # bytes of a block before the tier has seen one
+_CLIENT_TIMEOUT = "30s"  # how long a request past its batch's deadline may hold its thread
 
 
 class S3Tier(SharedTier):
@@ -65,7 +68,7 @@ class S3Tier(SharedTier):
             # cloud's instance-metadata address for credentials.
             config["skip_signature"] = True
         client = {
-            "timeout": "60s",
+            "timeout": _CLIENT_TIMEOUT,
             "connect_timeout": f"{max(1, int(o.timeout * 1000))}ms",
             "allow_http": bool(o.endpoint and o.endpoint.startswith("http://")),
         }
@@ -74,11 +77,7 @@ class S3Tier(SharedTier):
             self._store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
         except Exception as exc:  # obstore's config errors carry no credentials
             raise ConfigError(f"s3:// tier for bucket {bucket!r}: {_brief(exc)}") from None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="kvtier-s3", daemon=True
-        )
-        self._thread.start()
+        self._pool = ThreadPoolExecutor(o.concurrency, thread_name_prefix="kvtier-s3")
         where = f"the {self.name} tier (s3://{bucket} at {o.endpoint or 'AWS'})"
         self.degraded = open_or_degrade(where, o.optional, lambda: self._check_bucket(where))
 
@@ -132,31 +131,34 @@ class S3Tier(SharedTier):
             raise TierUnavailableError(f"{where} answered HTTP {status} for the bucket")
 
     # --- running batches ----------------------------------------------------------------
-    def _run(self, coros: list, nbytes: int):
-        """Run ``coros`` concurrently, bounded by the timeout and the bytes; results in order."""
-        if not coros:
+    def _run(self, calls: Sequence[Callable[[], object]], nbytes: int) -> list:
+        """Run ``calls`` on the tier's threads, bounded by the timeout and the bytes; their
+        results in order (the first error raises)."""
+        if not calls:
             return []
         o = self.options
-        rounds = -(-len(coros) // o.concurrency)
+        rounds = -(-len(calls) // o.concurrency)
         deadline = o.timeout * rounds + nbytes / o.rate
-
-        async def gather():
-            gate = asyncio.Semaphore(o.concurrency)
-
-            async def one(coro):
-                async with gate:
-                    return await coro
-
-            return await asyncio.wait_for(asyncio.gather(*(one(c) for c in coros)), deadline)
-
-        future = asyncio.run_coroutine_threadsafe(gather(), self._loop)
-        try:
-            return future.result(deadline + 1.0)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(
-                f"{self.name}: {len(coros)} S3 requests took over {deadline:.3f} s"
-            ) from None
+        futures = [self._pool.submit(c) for c in calls]
+        if len(futures) == 1:
+            try:
+                return [futures[0].result(deadline)]
+            except TimeoutError:
+                futures[0].cancel()
+                raise TimeoutError(
+                    f"{self.name}: an S3 request took over {deadline:.3f} s"
+                ) from None
+        done, pending = wait(futures, deadline, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                for p in pending:
+                    p.cancel()
+                raise f.exception()
+        if pending:
+            for p in pending:
+                p.cancel()
+            raise TimeoutError(f"{self.name}: {len(calls)} S3 requests took over {deadline:.3f} s")
+        return [f.result() for f in futures]
 
     @property
     def store(self) -> S3Store:
@@ -174,30 +176,30 @@ class S3Tier(SharedTier):
         modified = meta.get("last_modified") if meta else None
         return modified is None or (datetime.now(UTC) - modified).total_seconds() <= ttl
 
-    async def _head(self, key: bytes):
+    def _head(self, key: bytes):
         try:
-            return await obstore.head_async(self._store, self.path_of(key))
+            return obstore.head(self._store, self.path_of(key))
         except FileNotFoundError:
             return None
 
-    async def _get(self, key: bytes):
+    def _get(self, key: bytes):
         try:
-            result = await obstore.get_async(self._store, self.path_of(key))
+            result = obstore.get(self._store, self.path_of(key))
         except FileNotFoundError:
             return None
         if not self._fresh(result.meta):
             return None
-        return await result.bytes_async()
+        return result.bytes()
 
-    async def _put(self, key: bytes, data: bytes) -> None:
-        await obstore.put_async(self._store, self.path_of(key), data)
+    def _put(self, key: bytes, data: bytes) -> None:
+        obstore.put(self._store, self.path_of(key), data)
 
-    async def _delete(self, key: bytes) -> None:
-        await obstore.delete_async(self._store, self.path_of(key))
+    def _delete(self, key: bytes) -> None:
+        obstore.delete(self._store, self.path_of(key))
 
     # --- batched verbs ------------------------------------------------------------------
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
-        metas = self._run([self._head(k) for k in keys], 0)
+        metas = self._run([partial(self._head, k) for k in keys], 0)
         return [m is not None and self._fresh(m) for m in metas]
 
     def get_many_into(
@@ -205,7 +207,7 @@ class S3Tier(SharedTier):
     ) -> list[BlockHeader | BlockError | None]:
         if len(keys) != len(outs):
             raise ValueError("get_many_into needs one buffer per key")
-        values = self._run([self._get(k) for k in keys], len(keys) * self._largest)
+        values = self._run([partial(self._get, k) for k in keys], len(keys) * self._largest)
         results = []
         for key, value, out in zip(keys, values, outs, strict=True):
             if value is not None and len(value) > self._largest:
@@ -219,25 +221,29 @@ class S3Tier(SharedTier):
         nbytes = sum(len(d) for _, d in encoded)
         for _, data in encoded:
             self._largest = max(self._largest, len(data))
-        self._run([self._put(k, d) for k, d in encoded], nbytes)
+        self._run([partial(self._put, k, d) for k, d in encoded], nbytes)
         return [True] * len(encoded)
 
     def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
         present = self.contains_many(keys)
         gone = [k for k, p in zip(keys, present, strict=True) if p]
-        self._run([self._delete(k) for k in gone], 0)
+        self._run([partial(self._delete, k) for k in gone], 0)
         return present
 
     # --- listing ------------------------------------------------------------------------
     def _objects(self) -> list[dict]:
-        async def listing():
-            out = []
-            async for chunk in obstore.list(self._store, prefix=self.root + "/"):
+        def listing() -> list[dict]:
+            out: list[dict] = []
+            for chunk in obstore.list(self._store, prefix=self.root + "/"):
                 out.extend(chunk)
             return out
 
-        future = asyncio.run_coroutine_threadsafe(listing(), self._loop)
-        return future.result(max(5.0, 10 * self.options.timeout))
+        future = self._pool.submit(listing)
+        try:
+            return future.result(max(5.0, 10 * self.options.timeout))
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"{self.name}: listing the bucket took too long") from None
 
     def iter_keys(self) -> Iterator[bytes]:
         keys = [key_of(m["path"]) for m in self._objects() if self._fresh(m)]
@@ -250,12 +256,7 @@ class S3Tier(SharedTier):
         return TierUsage(sum(m["size"] for m in objects), 0, len(objects), notes)
 
     def close(self) -> None:
-        loop = self._loop
-        if loop.is_running():
-            loop.call_soon_threadsafe(loop.stop)
-            self._thread.join(5)
-        if not loop.is_running() and not loop.is_closed():
-            loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _brief(exc: object) -> str:

@@ -230,6 +230,18 @@ class RedisTier(SharedTier):
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         items = self._coded_items(items)
+        if len(items) == 1 and not self.options.cluster:  # the common case, kept short
+            key, payload, meta = items[0]
+            header, stored = pack_block(self.namespace, key, payload, meta)
+            if len(header) + stored.nbytes <= self.options.max_value:
+                px = int(self.options.ttl * 1000) or None
+                try:
+                    self.client.set(self.name_of(key), Pieces((header, stored)), px=px)
+                except ResponseError:  # refused (e.g. OOM under noeviction)
+                    with self._count_lock:
+                        self.refused_puts += 1
+                    return [False]
+                return [True]
         out: list[bool] = []
         for run in batches(items, self.options.batch):
             out += self._put_run(run)

@@ -3,9 +3,10 @@
 Objects are named ``<url prefix>/<prefix>/<namespace>/<key>`` (hex). A batch of gets, heads or
 puts runs concurrently (``concurrency=`` in flight) on threads the tier owns, each making
 obstore's blocking calls (which release the GIL; they cost less per request than obstore's
-asyncio calls on an event loop), and the whole batch is bounded: ``timeout=`` seconds per round
-of requests plus its bytes at ``rate=``; past that it raises TimeoutError and its requests that
-have not started are dropped (one that has keeps its thread until the client gives up on it).
+asyncio calls on an event loop); a batch of one runs in the caller's thread. The whole batch is
+bounded: ``timeout=`` seconds per round of requests plus its bytes at ``rate=``; the HTTP client
+itself gives up on a request past that bound (a store object per bound, made once), and past it
+the batch raises TimeoutError.
 obstore sends large objects in multipart uploads by itself. With ``ttl=``, an object older than
 that is a miss (S3 keeps it until the bucket's lifecycle rules remove it).
 
@@ -37,7 +38,7 @@ from kvtier.tiers.url import parse_options
 
 _OPEN_TIMEOUT_S = 2.0
 _FIRST_GUESS = 1 << 20  # bytes of a block before the tier has seen one
-_CLIENT_TIMEOUT = "30s"  # how long a request past its batch's deadline may hold its thread
+_BOUND_STEP_MS = 50  # request bounds round up to this: a few store objects, not one per size
 
 
 class S3Tier(SharedTier):
@@ -68,11 +69,13 @@ class S3Tier(SharedTier):
             # cloud's instance-metadata address for credentials.
             config["skip_signature"] = True
         client = {
-            "timeout": _CLIENT_TIMEOUT,
+            "timeout": "30s",
             "connect_timeout": f"{max(1, int(o.timeout * 1000))}ms",
             "allow_http": bool(o.endpoint and o.endpoint.startswith("http://")),
         }
         retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=o.timeout)}
+        self._store_args = (bucket, config, client, retry)
+        self._bounded: dict[int, S3Store] = {}
         try:
             self._store = S3Store(bucket, config=config, client_options=client, retry_config=retry)
         except Exception as exc:  # obstore's config errors carry no credentials
@@ -131,7 +134,18 @@ class S3Tier(SharedTier):
             raise TierUnavailableError(f"{where} answered HTTP {status} for the bucket")
 
     # --- running batches ----------------------------------------------------------------
-    def _run(self, calls: Sequence[Callable[[], object]], nbytes: int) -> list:
+    def _within(self, seconds: float) -> S3Store:
+        """The store whose HTTP client gives up on a request after ``seconds`` (rounded up)."""
+        ms = -(-int(seconds * 1000) // _BOUND_STEP_MS) * _BOUND_STEP_MS
+        store = self._bounded.get(ms)
+        if store is None:
+            bucket, config, client, retry = self._store_args
+            options = client | {"timeout": f"{ms}ms"}
+            store = S3Store(bucket, config=config, client_options=options, retry_config=retry)
+            self._bounded = self._bounded | {ms: store}  # a new dict: readers need no lock
+        return store
+
+    def _run(self, calls: Sequence[Callable[[S3Store], object]], nbytes: int) -> list:
         """Run ``calls`` on the tier's threads, bounded by the timeout and the bytes; their
         results in order (the first error raises)."""
         if not calls:
@@ -139,15 +153,15 @@ class S3Tier(SharedTier):
         o = self.options
         rounds = -(-len(calls) // o.concurrency)
         deadline = o.timeout * rounds + nbytes / o.rate
-        futures = [self._pool.submit(c) for c in calls]
-        if len(futures) == 1:
+        store = self._within(deadline)
+        if len(calls) == 1:
             try:
-                return [futures[0].result(deadline)]
+                return [calls[0](store)]
             except TimeoutError:
-                futures[0].cancel()
                 raise TimeoutError(
                     f"{self.name}: an S3 request took over {deadline:.3f} s"
                 ) from None
+        futures = [self._pool.submit(c, store) for c in calls]
         done, pending = wait(futures, deadline, return_when=FIRST_EXCEPTION)
         for f in done:
             if f.exception() is not None:
@@ -176,26 +190,26 @@ class S3Tier(SharedTier):
         modified = meta.get("last_modified") if meta else None
         return modified is None or (datetime.now(UTC) - modified).total_seconds() <= ttl
 
-    def _head(self, key: bytes):
+    def _head(self, key: bytes, store: S3Store):
         try:
-            return obstore.head(self._store, self.path_of(key))
+            return obstore.head(store, self.path_of(key))
         except FileNotFoundError:
             return None
 
-    def _get(self, key: bytes):
+    def _get(self, key: bytes, store: S3Store):
         try:
-            result = obstore.get(self._store, self.path_of(key))
+            result = obstore.get(store, self.path_of(key))
         except FileNotFoundError:
             return None
         if not self._fresh(result.meta):
             return None
         return result.bytes()
 
-    def _put(self, key: bytes, data: bytes) -> None:
-        obstore.put(self._store, self.path_of(key), data)
+    def _put(self, key: bytes, data: bytes, store: S3Store) -> None:
+        obstore.put(store, self.path_of(key), data)
 
-    def _delete(self, key: bytes) -> None:
-        obstore.delete(self._store, self.path_of(key))
+    def _delete(self, key: bytes, store: S3Store) -> None:
+        obstore.delete(store, self.path_of(key))
 
     # --- batched verbs ------------------------------------------------------------------
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:

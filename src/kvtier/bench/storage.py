@@ -21,11 +21,12 @@ state. A pass's figures are the sums of its slices'. Memory passes are not cut.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -74,6 +75,22 @@ def native_request_blocks(depth: int, block_bytes: int, chunk_tokens: int = 256)
 
 class BenchError(KvtierError):
     """A benchmark pass went wrong (lost blocks, tier refused writes)."""
+
+
+@contextlib.contextmanager
+def _tier_errors(what: str, op: str, depth: int) -> Iterator[None]:
+    """A tier (or its server) failing inside a pass ends the bench with one line."""
+    try:
+        yield
+    except KvtierError:
+        raise
+    except Exception as exc:
+        brief = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise BenchError(
+            f"{what} failed in the {op} pass at depth {depth} ({type(exc).__name__}: {brief}); "
+            "a server slower than the tier's timeout= under this load needs a larger one "
+            "(e.g. ?timeout=2), or lower --depth"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -294,8 +311,9 @@ class StorageBench:
             run.pool = self._payload_pool(items)
             # warm-up: map the tier's memory / create its files once, untimed
             warm = self._keys(url, 0, items)
-            self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), run.pool)
-            tier.delete_many(warm)
+            with _tier_errors(tier.name, "warm-up", max(cfg.depths)):
+                self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), run.pool)
+                tier.delete_many(warm)
             if tier.scheme == "memory":
                 run.copy_ref = CopyReference(items, block)
             else:
@@ -357,9 +375,10 @@ class StorageBench:
                             if ref is not None:
                                 theirs[op].append(ref)
                     self.on_step(f"{label}: {op}s")
-                tier.delete_many(keys)
-                if isinstance(run.copy_ref, ClientReference):
-                    run.copy_ref.forget()
+                with _tier_errors(tier.name, "clean-up", depth):
+                    tier.delete_many(keys)
+                    if isinstance(run.copy_ref, ClientReference):
+                        run.copy_ref.forget()
                 for op in ("write", "read"):
                     runs[op].append(combine_passes(ours[op]))
                     if theirs[op] and len(theirs[op]) == len(slices):
@@ -401,11 +420,12 @@ class StorageBench:
 
     def _tier_pass(self, run: _TierRun, op: str, keys: Sequence[bytes], plan: PassPlan):
         """One timed kvtier pass (``op``) over ``keys``."""
-        if op == "write":
-            return self._write(run.tier, keys, plan, run.pool)
-        if run.profile and not run.profile.direct:
-            drop_caches()
-        return self._read(run.tier, keys, plan, run.pool)
+        with _tier_errors(run.tier.name, op, plan.threads):
+            if op == "write":
+                return self._write(run.tier, keys, plan, run.pool)
+            if run.profile and not run.profile.direct:
+                drop_caches()
+            return self._read(run.tier, keys, plan, run.pool)
 
     def _reference_pass(
         self,
@@ -423,7 +443,8 @@ class StorageBench:
             if isinstance(run.copy_ref, CopyReference):
                 detail = f"numpy.copyto of preallocated buffers, {plan.threads} threads"
                 return Reference("copy", do(plan), detail)
-            return Reference(run.copy_ref.kind, do(plan), run.copy_ref.detail(plan))
+            with _tier_errors(f"{run.tier.name}'s raw client", op, plan.threads):
+                return Reference(run.copy_ref.kind, do(plan), run.copy_ref.detail(plan))
         if not fio_jobs:
             return None
         loops = 1

@@ -63,8 +63,8 @@ def test_both_sides_run_on_one_directory(tmp_path):
         pytest.skip(f"MLPerf's kv-cache.py is not at {TOOL}")
     script = shutil.which("kvtier", path=str(Path(sys.executable).parent)) or "kvtier"
     cmd = [script, "bench", "mlperf", "--tool", str(TOOL)]
-    cmd += ["--dir", str(tmp_path / "disk"), "--duration", "3", "--max-requests", "6"]
-    cmd += ["--users", "2", "--json"]
+    cmd += ["--dir", str(tmp_path / "disk"), "--duration", "2", "--max-requests", "4"]
+    cmd += ["--users", "1", "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout)

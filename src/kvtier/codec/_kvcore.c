@@ -53,7 +53,15 @@ typedef uint64_t u64u __attribute__((aligned(1)));
 /* Each thread keeps its scratch buffers between calls (freed when it exits): fresh large
  * allocations are fresh pages, and their page faults would cost as much as a small block's
  * decode. A request larger than SCRATCH_KEEP is allocated and freed by the call. */
-enum { SCRATCH_PLANE, SCRATCH_SECTION, SCRATCH_TABLES, SCRATCH_ENCODE, SCRATCH_OUT, SCRATCHES };
+enum {
+    SCRATCH_PLANE,
+    SCRATCH_SECTION,
+    SCRATCH_TABLES,
+    SCRATCH_ENCODE,
+    SCRATCH_STREAMS,
+    SCRATCH_OUT,
+    SCRATCHES
+};
 #define SCRATCH_KEEP ((size_t)64 << 20)
 
 typedef struct {
@@ -369,13 +377,20 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t c
     uint32_t(*counts)[256] = (uint32_t(*)[256])mem;
     uint8_t(*lens)[256] = (uint8_t(*)[256])(mem + sizes[0]);
     unsigned(*codes)[256] = (unsigned(*)[256])(mem + sizes[0] + sizes[1]);
+    /* the streams' symbols in turn: consecutive increments rarely hit the same counter */
+    size_t common = start[NSTREAMS] - start[NSTREAMS - 1];
     for (int i = 0; i < NSTREAMS; i++) {
-        if (start[i] == start[i + 1])
-            continue;
-        counts[START][plane[start[i]]]++;
-        for (size_t p = start[i] + 1; p < start[i + 1]; p++)
-            counts[plane[p - 1] >> shift][plane[p]]++;
+        size_t len = start[i + 1] - start[i];
+        common = len < common ? len : common;
+        if (len)
+            counts[START][plane[start[i]]]++;
     }
+    for (size_t p = 1; p < common; p++)
+        for (int i = 0; i < NSTREAMS; i++)
+            counts[plane[start[i] + p - 1] >> shift][plane[start[i] + p]]++;
+    for (int i = 0; i < NSTREAMS; i++)
+        for (size_t p = start[i] + (common ? common : 1); p < start[i + 1]; p++)
+            counts[plane[p - 1] >> shift][plane[p]]++;
     int table_of[NCTX], ntab = 1;
     uint32_t fallback[256] = {0};
     uint8_t ctxmap[33] = {0};
@@ -437,33 +452,56 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t c
         tab_of_ctx[c] = pack[table_of[c]];
     uint8_t *lengths = o, *end = dst + cap;
     o += 4 * NSTREAMS;
+    /* each stream into its own worst-case region of the scratch (MAXBITS per symbol, plus
+     * the writer's 8-byte stores), all streams in turn, then packed one after another */
+    size_t region[NSTREAMS], total = 0;
     for (int i = 0; i < NSTREAMS; i++) {
-        /* at most MAXBITS per symbol, plus the writer's last 8-byte store */
-        if ((size_t)(end - o) < (start[i + 1] - start[i]) * MAXBITS / 8 + 16)
-            goto done;
-        uint8_t *w = o;
-        uint64_t acc = 0;
-        unsigned bits = 0;
-        const uint32_t *tab = tab_of_ctx[START];
-        for (size_t p = start[i]; p < start[i + 1]; p++) {
-            uint32_t e = tab[plane[p]];
-            acc |= (uint64_t)(e >> 4) << bits;
-            bits += e & 15;
-            tab = tab_of_ctx[plane[p] >> shift];
-            if (bits >= 32) {
-                *(u32u *)w = (uint32_t)acc;
-                w += 4;
-                acc >>= 32;
-                bits -= 32;
-            }
-        }
-        for (; bits > 0; bits = bits > 8 ? bits - 8 : 0) {
-            *w++ = (uint8_t)acc;
-            acc >>= 8;
-        }
-        store32(lengths + 4 * i, (uint32_t)(w - o));
-        o = w;
+        region[i] = (start[i + 1] - start[i]) * MAXBITS / 8 + 16;
+        total += region[i];
     }
+    int owned_w;
+    uint8_t *scratch = scratch_get(SCRATCH_STREAMS, total, &owned_w);
+    if (!scratch)
+        goto done;
+    uint8_t *w[NSTREAMS], *w0[NSTREAMS];
+    uint64_t acc[NSTREAMS] = {0};
+    unsigned bits[NSTREAMS] = {0};
+    const uint32_t *tab[NSTREAMS];
+    for (int i = 0; i < NSTREAMS; i++) {
+        w0[i] = w[i] = i ? w0[i - 1] + region[i - 1] : scratch;
+        tab[i] = tab_of_ctx[START];
+    }
+#define PUT(i, sym)                                                                           \
+    do {                                                                                      \
+        uint32_t e = tab[i][sym];                                                             \
+        acc[i] |= (uint64_t)(e >> 4) << bits[i];                                              \
+        bits[i] += e & 15;                                                                    \
+        *(u64u *)w[i] = acc[i];                                                               \
+        w[i] += bits[i] >> 3;                                                                 \
+        acc[i] >>= bits[i] & ~7u;                                                             \
+        bits[i] &= 7;                                                                         \
+        tab[i] = tab_of_ctx[(sym) >> shift];                                                  \
+    } while (0)
+    for (size_t p = 0; p < common; p++)
+        for (int i = 0; i < NSTREAMS; i++)
+            PUT(i, plane[start[i] + p]);
+    for (int i = 0; i < NSTREAMS; i++)
+        for (size_t p = start[i] + common; p < start[i + 1]; p++)
+            PUT(i, plane[p]);
+#undef PUT
+    for (int i = 0; i < NSTREAMS; i++) {
+        if (bits[i])
+            *w[i]++ = (uint8_t)acc[i];
+        size_t len = (size_t)(w[i] - w0[i]);
+        if ((size_t)(end - o) < len) {
+            scratch_done(scratch, owned_w);
+            goto done;
+        }
+        memcpy(o, w0[i], len);
+        store32(lengths + 4 * i, (uint32_t)len);
+        o += len;
+    }
+    scratch_done(scratch, owned_w);
     result = (size_t)(o - dst);
 done:
     scratch_done(mem, owned);

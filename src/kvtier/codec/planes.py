@@ -57,7 +57,8 @@ CHANNEL_DTYPES = ("bf16",)
 O1_SHIFT = {"bf16": 0, "fp16": 2}
 #: A plane is stored coded only when that saves at least this share of its bytes.
 PLANE_MIN_GAIN = 1 / 128
-#: Mode 2 zstd-codes the low plane only when a sample of it shrinks by this share.
+#: Mode 2 zstd-codes the low plane only when that (and first a sample spread over the plane)
+#: saves this share of it.
 LOW_MIN_GAIN = 1 / 32
 #: Bytes of a plane tried first; a high-plane sample that does not shrink to
 #: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
@@ -172,9 +173,11 @@ class PlaneCodec:
             hi_sec = memoryview(high)
         lo_sec: bytes | memoryview = memoryview(low)
         lo_coded = False
-        sample = low[:PROBE_BYTES]
+        sample = np.ascontiguousarray(low[:: max(1, n // PROBE_BYTES)])
         if len(zstd_compress(sample, LEVEL)) <= sample.size * (1 - LOW_MIN_GAIN):
-            lo_sec, lo_coded = _code(low)
+            frame = zstd_compress(low, LEVEL)
+            if len(frame) <= n * (1 - LOW_MIN_GAIN):
+                lo_sec, lo_coded = frame, True
         flags = (HIGH_CODED if hi_coded else 0) | (LOW_CODED if lo_coded else 0)
         lens = (len(hi_sec), len(lo_sec))
         head = _HEAD.pack(MAGIC, MODE_O1, flags, tokens, channels, 0, size, *lens)

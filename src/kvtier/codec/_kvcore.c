@@ -2,8 +2,9 @@
  *
  * split(raw, high, low, tokens, channels)   raw -> the two planes (high channel-major)
  * merge(high, low, out, tokens, channels)   the inverse, written straight into ``out``
- * o1_encode(plane) -> bytes | None           the high plane as an order-1 Huffman section
+ * o1_encode(plane, shift) -> bytes | None    the high plane as an order-1 Huffman section
  * o1_decode(section, out)                    the inverse; ValueError for a bad section
+ * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
  *
  * Why C: numpy's strided transposes and zstd's match decoding are where a kv block's decode
  * spent its time; here a block is split and merged in one pass of 16-bit words, and the high
@@ -11,13 +12,15 @@
  * coded with one Huffman table per previous symbol, which codes tighter than zstd and decodes
  * several symbols per table look-up. Every call releases the GIL while it works.
  *
- * Section layout (little-endian): version (1), MAXBITS, NSTREAMS, 0, a 33-byte bitmap of the
- * contexts that have their own table (bit c < 256: previous symbol c; bit 256: a stream's
- * first symbol), then the tables - the fallback (for every other context) first, then one per
- * set bit in order - each a 32-byte bitmap of the symbols it codes and their code lengths
- * (4 bits each, two per byte, padded to a byte), then NSTREAMS stream lengths (u32) and the
- * streams. Stream i codes symbols [i*n/NSTREAMS, (i+1)*n/NSTREAMS) of the n-symbol plane, so
- * the streams decode independently and interleaved. Codes are canonical, read LSB first.
+ * Section layout (little-endian): version (1), MAXBITS, NSTREAMS, the context shift (a
+ * symbol's context is the one before it shifted right by this), the symbol count (u64), a
+ * 33-byte bitmap of the contexts that have their own table (bit c < 256: previous symbol c;
+ * bit 256: a stream's first symbol), then the tables - the fallback (for every other context)
+ * first, then one per set bit in order - each a 32-byte bitmap of the symbols it codes and
+ * their code lengths (4 bits each, two per byte, padded to a byte), then NSTREAMS stream
+ * lengths (u32) and the streams. Stream i codes symbols [i*n/NSTREAMS, (i+1)*n/NSTREAMS) of
+ * the n-symbol plane, so the streams decode independently and interleaved. Codes are
+ * canonical, read LSB first.
  *
  * The decoder checks every length before it uses it, never writes past ``out``, never reads
  * past its own zero-padded copy of the section, and refuses a stream that does not end
@@ -36,6 +39,7 @@
 #define NCTX 257
 #define START 256
 #define VERSION 1
+#define HEAD_BYTES (12 + 33) /* version .. shift, symbol count (u64), context bitmap */
 #define MIN_CTX_COUNT 4096 /* a context seen fewer times shares the fallback table */
 #define PER_REFILL 5      /* look-ups per refill of a bit reader: 5 * MAXBITS <= 56 */
 #define CHECK_EVERY 16    /* rounds of look-ups between overrun checks */
@@ -415,15 +419,17 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t c
     for (int t = 0; t < ntab; t++)
         if (!canonical_codes(lens[t], codes[t]))
             goto done;
-    if (cap < 4 + 33 + (size_t)ntab * (32 + 128) + 4 * NSTREAMS)
+    if (cap < HEAD_BYTES + (size_t)ntab * (32 + 128) + 4 * NSTREAMS)
         goto done;
     uint8_t *o = dst;
     o[0] = VERSION;
     o[1] = MAXBITS;
     o[2] = NSTREAMS;
     o[3] = (uint8_t)shift;
-    memcpy(o + 4, ctxmap, 33);
-    o += 4 + 33;
+    store32(o + 4, (uint32_t)n);
+    store32(o + 8, (uint32_t)((uint64_t)n >> 32));
+    memcpy(o + 12, ctxmap, 33);
+    o += HEAD_BYTES;
     for (int t = 0; t < ntab; t++) {
         uint8_t *bitmap = o;
         memset(bitmap, 0, 32);
@@ -509,7 +515,7 @@ done:
 }
 
 /* Error codes of decode_o1; the Python wrapper turns them into ValueError messages. */
-enum { OK = 0, E_SHORT, E_HEAD, E_TABLE, E_STREAMS, E_DATA, E_MEMORY };
+enum { OK = 0, E_SHORT, E_HEAD, E_TABLE, E_STREAMS, E_DATA, E_COUNT, E_MEMORY };
 static const char *const ERRORS[] = {
     "",
     "section truncated",
@@ -517,6 +523,7 @@ static const char *const ERRORS[] = {
     "a code table is not valid",
     "stream lengths do not match the section",
     "a stream does not decode to its length",
+    "section holds another number of symbols",
     "out of memory"};
 
 #define VARIANT(name) name##_m8

@@ -28,15 +28,17 @@ typedef struct {
 static int
 VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
 {
-    if (len < 4 + 33)
+    if (len < HEAD_BYTES)
         return E_SHORT;
     if (sec[0] != VERSION || sec[1] != MAXBITS || sec[2] != NSTREAMS || sec[3] > 7)
         return E_HEAD;
     const unsigned shift = sec[3];
-    const uint8_t *ctxmap = sec + 4;
+    if (load32(sec + 4) != (uint32_t)n || load32(sec + 8) != (uint32_t)((uint64_t)n >> 32))
+        return E_COUNT;
+    const uint8_t *ctxmap = sec + 12;
     if (ctxmap[32] & 0xfe)
         return E_HEAD;
-    const uint8_t *p = sec + 4 + 33, *end = sec + len;
+    const uint8_t *p = sec + HEAD_BYTES, *end = sec + len;
     int ntab = 1, table_of[NCTX];
     for (int c = 0; c < NCTX; c++)
         table_of[c] = (ctxmap[c >> 3] >> (c & 7)) & 1 ? ntab++ : 0;

@@ -282,11 +282,13 @@ def o1_decode_py(section, n: int) -> np.ndarray:
     def bad(why: str) -> CorruptBlockError:
         return CorruptBlockError(f"kv payload does not decode: {why}")
 
-    if len(b) < 37:
+    if len(b) < 45:
         raise bad("section truncated")
     if b[0] != _O1_VERSION or b[1] != _O1_MAXBITS or b[2] != _O1_STREAMS or b[3] > 7:
         raise bad("section header is not valid")
-    shift, ctxmap = b[3], b[4:37]
+    shift, count, ctxmap = b[3], int.from_bytes(b[4:12], "little"), b[12:45]
+    if count != n:
+        raise bad("section holds another number of symbols")
     if ctxmap[32] & 0xFE:
         raise bad("section header is not valid")
     table_of, ntab = [], 1
@@ -294,7 +296,7 @@ def o1_decode_py(section, n: int) -> np.ndarray:
         own = (ctxmap[c >> 3] >> (c & 7)) & 1
         table_of.append(ntab if own else 0)
         ntab += own
-    p, tables = 37, []
+    p, tables = 45, []
     for _ in range(ntab):
         if len(b) - p < 32:
             raise bad("section truncated")

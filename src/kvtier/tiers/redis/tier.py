@@ -177,9 +177,7 @@ class RedisTier(SharedTier):
                 pipe.get(self.name_of(key))
             firsts = pipe.execute()
             values = self._whole(run, firsts)
-            results += [
-                self._decode_into(k, v, o) for k, v, o in zip(run, values, run_outs, strict=True)
-            ]
+            results += self._decode_all(run, values, run_outs)
         return results
 
     def _whole(self, keys: Sequence[bytes], firsts: list) -> list:
@@ -327,6 +325,7 @@ class RedisTier(SharedTier):
         return tuple(notes)
 
     def close(self) -> None:
+        self._decoders.close()
         client, self._client = self._client, None
         if client is not None:
             client.close()

@@ -42,6 +42,9 @@
 #define HEAD_BYTES (12 + 33) /* version .. shift, symbol count (u64), context bitmap */
 #define MIN_CTX_COUNT 4096 /* a context seen fewer times shares the fallback table */
 #define PER_REFILL 5      /* look-ups per refill of a bit reader: 5 * MAXBITS <= 56 */
+#ifndef ENC_LANES
+#define ENC_LANES 4 /* streams the encoder writes in turn */
+#endif
 #define CHECK_EVERY 16    /* rounds of look-ups between overrun checks */
 #define PAD 1024          /* zero bytes after the copy: > 8 * CHECK_EVERY + 8 */
 #ifndef LANES
@@ -472,28 +475,32 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t c
     uint8_t *w[NSTREAMS], *w0[NSTREAMS];
     uint64_t acc[NSTREAMS] = {0};
     unsigned bits[NSTREAMS] = {0};
-    const uint32_t *tab[NSTREAMS];
-    for (int i = 0; i < NSTREAMS; i++) {
+    for (int i = 0; i < NSTREAMS; i++)
         w0[i] = w[i] = i ? w0[i - 1] + region[i - 1] : scratch;
-        tab[i] = tab_of_ctx[START];
-    }
-#define PUT(i, sym)                                                                           \
+    /* a symbol's code depends only on it and the one before it, so the only state carried
+     * from symbol to symbol is each writer's: ENC_LANES streams at a time keep it in registers */
+#define PUT(i, e)                                                                             \
     do {                                                                                      \
-        uint32_t e = tab[i][sym];                                                             \
-        acc[i] |= (uint64_t)(e >> 4) << bits[i];                                              \
-        bits[i] += e & 15;                                                                    \
+        uint32_t e_ = (e);                                                                    \
+        acc[i] |= (uint64_t)(e_ >> 4) << bits[i];                                             \
+        bits[i] += e_ & 15;                                                                   \
         *(u64u *)w[i] = acc[i];                                                               \
         w[i] += bits[i] >> 3;                                                                 \
         acc[i] >>= bits[i] & ~7u;                                                             \
         bits[i] &= 7;                                                                         \
-        tab[i] = tab_of_ctx[(sym) >> shift];                                                  \
     } while (0)
-    for (size_t p = 0; p < common; p++)
-        for (int i = 0; i < NSTREAMS; i++)
-            PUT(i, plane[start[i] + p]);
     for (int i = 0; i < NSTREAMS; i++)
-        for (size_t p = start[i] + common; p < start[i + 1]; p++)
-            PUT(i, plane[p]);
+        if (start[i] < start[i + 1])
+            PUT(i, tab_of_ctx[START][plane[start[i]]]);
+    for (int g = 0; g < NSTREAMS; g += ENC_LANES)
+        for (size_t p = 1; p < common; p++)
+            for (int i = g; i < g + ENC_LANES; i++) {
+                const uint8_t *q = plane + start[i] + p;
+                PUT(i, tab_of_ctx[q[-1] >> shift][q[0]]);
+            }
+    for (int i = 0; i < NSTREAMS; i++)
+        for (size_t p = start[i] + (common ? common : 1); p < start[i + 1]; p++)
+            PUT(i, tab_of_ctx[plane[p - 1] >> shift][plane[p]]);
 #undef PUT
     for (int i = 0; i < NSTREAMS; i++) {
         if (bits[i])

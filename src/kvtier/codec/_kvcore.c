@@ -565,56 +565,48 @@ layout_ok(Py_ssize_t tokens, Py_ssize_t channels, const char *what)
     return 1;
 }
 
+/* split (raw -> high, low) or merge (high, low -> out): both take three buffers, a layout. */
 static PyObject *
-py_split(PyObject *self, PyObject *args)
+planes_call(PyObject *args, int merge)
 {
-    Py_buffer raw, high, low;
+    const char *what = merge ? "merge" : "split";
+    Py_buffer a, b, c; /* split: raw, high, low; merge: high, low, out */
     Py_ssize_t tokens, channels;
-    if (!PyArg_ParseTuple(args, "y*w*w*nn", &raw, &high, &low, &tokens, &channels))
+    if (!PyArg_ParseTuple(args, merge ? "y*y*w*nn" : "y*w*w*nn", &a, &b, &c, &tokens, &channels))
         return NULL;
     PyObject *res = NULL;
-    size_t n = (size_t)high.len;
-    if (!layout_ok(tokens, channels, "split"))
+    const Py_buffer *high = merge ? &a : &b, *low = merge ? &b : &c, *words = merge ? &c : &a;
+    size_t n = (size_t)high->len;
+    if (!layout_ok(tokens, channels, what))
         goto out;
-    if (low.len != high.len || (size_t)raw.len / 2 < n) {
-        PyErr_SetString(PyExc_ValueError, "split: plane sizes do not match");
+    if (low->len != high->len || (size_t)words->len / 2 < n) {
+        PyErr_Format(PyExc_ValueError, "%s: plane sizes do not match", what);
         goto out;
     }
     Py_BEGIN_ALLOW_THREADS;
-    split_planes(raw.buf, high.buf, low.buf, n, (size_t)tokens, (size_t)channels);
+    if (merge)
+        merge_planes(high->buf, low->buf, words->buf, n, (size_t)tokens, (size_t)channels);
+    else
+        split_planes(words->buf, high->buf, low->buf, n, (size_t)tokens, (size_t)channels);
     Py_END_ALLOW_THREADS;
     res = Py_NewRef(Py_None);
 out:
-    PyBuffer_Release(&raw);
-    PyBuffer_Release(&high);
-    PyBuffer_Release(&low);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&c);
     return res;
+}
+
+static PyObject *
+py_split(PyObject *self, PyObject *args)
+{
+    return planes_call(args, 0);
 }
 
 static PyObject *
 py_merge(PyObject *self, PyObject *args)
 {
-    Py_buffer high, low, out;
-    Py_ssize_t tokens, channels;
-    if (!PyArg_ParseTuple(args, "y*y*w*nn", &high, &low, &out, &tokens, &channels))
-        return NULL;
-    PyObject *res = NULL;
-    size_t n = (size_t)high.len;
-    if (!layout_ok(tokens, channels, "merge"))
-        goto out;
-    if (low.len != high.len || (size_t)out.len / 2 < n) {
-        PyErr_SetString(PyExc_ValueError, "merge: plane sizes do not match");
-        goto out;
-    }
-    Py_BEGIN_ALLOW_THREADS;
-    merge_planes(high.buf, low.buf, out.buf, n, (size_t)tokens, (size_t)channels);
-    Py_END_ALLOW_THREADS;
-    res = Py_NewRef(Py_None);
-out:
-    PyBuffer_Release(&high);
-    PyBuffer_Release(&low);
-    PyBuffer_Release(&out);
-    return res;
+    return planes_call(args, 1);
 }
 
 static PyObject *

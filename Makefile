@@ -24,7 +24,8 @@ setup: $(VENV)/.core
 setup-hf: $(VENV)/.hf
 setup-vllm: $(VENV)/.vllm
 
-$(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c
+$(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c src/kvtier/codec/_kvcore.c \
+		src/kvtier/codec/_kvcore_decode.h
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -U pip
 	$(PIP) install -e '.[dev,redis,s3]'

@@ -3,6 +3,7 @@ capacity, the header records the codec used, and the same bytes come back."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +119,25 @@ def test_slab_size_classes_round_up_by_less_than_a_64th():
         assert size <= c < size * (1 + 1 / 64) + page and c % page == 0
     assert len({coded_size_class(page * n) for n in range(900, 1100)}) <= 26
     assert MiB % page == 0
+
+
+@pytest.mark.parametrize("kind", ["file", "slab"])
+def test_a_batch_of_coded_blocks_decodes_on_the_decode_threads(tmp_path: Path, kind: str):
+    """On io_uring the ring's thread hands each coded block's check and decode to the decode
+    threads (every core) and goes on with the I/O; the batch comes back exact."""
+    from kvtier.tiers.io.backends import uring_available
+
+    if not uring_available():
+        pytest.skip("io_uring is not available here")
+    tier = open_tier(_urls(tmp_path, "64MiB", "kv")[kind] + "&io=uring", NS)
+    try:
+        assert tier.io.completes_inline and tier._decoders.parallel == ((os.cpu_count() or 1) > 1)
+        meta = BlockMeta("bf16", SHAPE)
+        blocks = [_kv_block(i) for i in range(8)]
+        assert all(tier.put_many([(_key(i), b, meta) for i, b in enumerate(blocks)]))
+        outs = [np.zeros(b.size, np.uint8) for b in blocks]
+        got = tier.get_many_into([_key(i) for i in range(8)] + [_key(50)], [*outs, outs[0]])
+        assert [g.meta.codec for g in got[:8]] == ["kv"] * 8 and got[8] is None
+        assert all(np.array_equal(o, b) for o, b in zip(outs, blocks, strict=True))
+    finally:
+        tier.close()

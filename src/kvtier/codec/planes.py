@@ -1,22 +1,27 @@
-"""The ``kv`` codec: byte planes of 16-bit float KV, the high plane channel-major, zstd-coded.
+"""The ``kv`` codec: byte planes of 16-bit float KV, the high plane channel-major and coded with
+one Huffman table per previous symbol.
 
 A bf16 value's high byte is its sign and 7 of its 8 exponent bits, an fp16 value's its sign, 5
 exponent bits and 2 mantissa bits; the low byte is mostly mantissa, close to random. The high
-byte's distribution depends strongly on the channel (layer, K/V, head, head-dim index): one
-channel's values over a chunk's tokens share a scale. So the codec splits the two bytes of every
-element into two planes and lays the high plane out channel-major — for a block of shape
-``(..., tokens, channels)`` each channel's tokens become one contiguous run — which lets zstd's
-matches and its per-block Huffman tables follow each channel's exponents. Each plane is zstd
-level 1 or, when that does not gain, stored as is. The channel step is for bf16 only (see
-:data:`CHANNEL_DTYPES`). Blocks of other dtypes (fp8, int8, fp32 …)
-and blocks without a usable shape are coded the same way without the channel step (fp8: one
-zstd frame of the bytes); opaque bytes (u8) are not KV and are stored as they are.
+byte's distribution depends strongly on the channel (layer, K/V, head, head-dim index), and one
+channel's values over a chunk's tokens share a scale, so a channel's next high byte is well
+predicted by its previous one. The codec splits the two bytes of every element into two planes
+and lays the high plane out channel-major — for a block of shape ``(..., tokens, channels)``
+each channel's tokens become one contiguous run — then codes it order-1: each symbol with the
+Huffman table of the symbol before it (for fp16, of its sign and top exponent bits), the tables
+shared by the whole block and stored in it (:mod:`kvtier.codec._kvcore`, C). The low plane is
+zstd level 1 only where that saves a real share of it, since decoding near-random bytes costs
+more than it saves. Blocks of other dtypes (fp8, int8, fp32 …) and tiny blocks are one zstd
+frame; opaque bytes (u8) are not KV and are stored as they are.
 
-Stored form (little-endian): ``KP``, mode (0: one zstd frame of the raw bytes; 1: 16-bit
-planes), flags (bit 0: high plane zstd-coded, bit 1: low plane zstd-coded), tokens and channels
-of the channel-major layout (u32 each), 4 zero bytes, raw length, high and low section lengths
-(u64 each), then the high section, the low section and, for an odd raw length, its last byte.
-Everything a decoder needs is in these bytes; every length is checked before it is used.
+Stored form (little-endian): ``KP``, mode, flags (bit 0: high section coded, bit 1: low plane
+zstd-coded), tokens and channels of the channel-major layout (u32 each), 4 zero bytes, raw
+length, high and low section lengths (u64 each), then the high section, the low section and,
+for an odd raw length, its last byte. Modes: 0, one zstd frame of the raw bytes; 1, 16-bit
+planes each zstd level 1 (the high plane channel-major for bf16 only: what this codec writes
+where its C part is not built); 2, 16-bit planes with the order-1 coded high plane (the section
+format is in ``_kvcore.c``; it carries its own version). Every mode is read everywhere — mode 2
+without the C part in Python, slowly — and every length is checked before it is used.
 """
 
 from __future__ import annotations
@@ -30,29 +35,49 @@ import numpy as np
 from kvtier.codec.errors import CorruptBlockError
 from kvtier.codec.zstd_frames import gains, zstd_compress, zstd_decompress
 
+try:  # the split/merge and order-1 coder in C (src/kvtier/codec/_kvcore.c), built with the package
+    from kvtier.codec import _kvcore
+except ImportError:  # pragma: no cover - exercised where the extension is not built
+    _kvcore = None
+
 _HEAD = struct.Struct("<2sBBIIIQQQ")
 MAGIC = b"KP"
 MODE_BYTES = 0
 MODE_PLANES = 1
+MODE_O1 = 2
 HIGH_CODED = 1
 LOW_CODED = 2
 #: The dtype of bytes that are not typed KV: stored as they are (``zstd`` codes any bytes).
 OPAQUE_DTYPE = "u8"
 #: dtypes split into two byte planes.
 PLANE_DTYPES = ("bf16", "fp16")
-#: dtypes whose high plane is laid out channel-major: bf16, whose high byte is sign and
-#: exponent only. fp16's high byte holds 2 mantissa bits too, and on real fp16 KV zstd codes
-#: its plane a little better in token order.
+#: dtypes whose high plane mode 1 lays out channel-major: bf16, whose high byte is sign and
+#: exponent only (zstd codes fp16's high plane a little better in token order). Mode 2 lays
+#: out both channel-major: its order-1 model wants a channel's values one after another.
 CHANNEL_DTYPES = ("bf16",)
-#: A plane is stored zstd-coded only when that saves at least this share of its bytes.
+#: Mode 2's context: the previous high byte shifted right by this. fp16 keeps only its sign and
+#: top three exponent bits: its high byte has more bits of entropy, so each table look-up
+#: decodes fewer symbols, and fewer, cache-resident tables decode faster for a little ratio.
+O1_SHIFT = {"bf16": 0, "fp16": 4}
+#: A plane is stored coded only when that saves at least this share of its bytes.
 PLANE_MIN_GAIN = 1 / 128
-#: Bytes of the high plane zstd tries first; a sample that does not shrink to
+#: Mode 2 zstd-codes the low plane only when that (and first a sample spread over the plane)
+#: saves this share of it.
+LOW_MIN_GAIN = 1 / 32
+#: Bytes of a plane tried first; a high-plane sample that does not shrink to
 #: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
 PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
+#: High bytes (in token order) mode 2 tries before it splits a block at all.
+QUICK_PROBE = 8 * 1024
 #: Bytes zstd tries first of a block without planes (fp8, u8…), likewise.
 BYTES_PROBE = 4 * 1024
 LEVEL = 1
+
+
+def native() -> bool:
+    """Whether the C part of the codec (``kvtier.codec._kvcore``) is built."""
+    return _kvcore is not None
 
 
 def channel_layout(shape: tuple[int, ...], elements: int) -> tuple[int, int]:
@@ -67,6 +92,10 @@ def channel_layout(shape: tuple[int, ...], elements: int) -> tuple[int, int]:
 def split_planes(raw: memoryview, tokens: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
     """The high plane (channel-major within each tokens×channels group) and the low plane."""
     n = raw.nbytes // 2
+    if _kvcore is not None:
+        high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+        _kvcore.split(raw, high, low, tokens, channels)
+        return high, low
     pairs = np.frombuffer(raw, np.uint8, 2 * n).reshape(n, 2)
     group = tokens * channels
     g = n // group
@@ -83,6 +112,9 @@ def split_planes(raw: memoryview, tokens: int, channels: int) -> tuple[np.ndarra
 def merge_planes(high, low, out: np.ndarray, tokens: int, channels: int) -> None:
     """Inverse of :func:`split_planes`: interleave the planes into ``out`` (uint8, 2·n bytes)."""
     n = out.size // 2
+    if _kvcore is not None:
+        _kvcore.merge(memoryview(high)[:n], memoryview(low)[:n], out, tokens, channels)
+        return
     pairs = out.reshape(n, 2)
     hi = np.frombuffer(high, np.uint8, n)
     group = tokens * channels
@@ -110,10 +142,19 @@ def _code(plane) -> tuple[bytes | memoryview, bool]:
 
 
 class PlaneCodec:
-    """Byte-plane codec for BF16/FP16 KV blocks (see the module docstring for the format)."""
+    """Byte-plane codec for BF16/FP16 KV blocks (see the module docstring for the format).
+
+    ``use_native`` (default: where it is built) chooses the C part; without it the codec
+    writes mode 1 and reads mode 2 in Python.
+    """
 
     name: ClassVar[str] = "kv"
     id: ClassVar[int] = 2
+
+    def __init__(self, use_native: bool | None = None) -> None:
+        if use_native and _kvcore is None:
+            raise RuntimeError("the kv codec's C part (kvtier.codec._kvcore) is not built")
+        self.use_native = _kvcore is not None if use_native is None else use_native
 
     def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
         """The stored form, or None when the block does not shrink (the caller stores it raw)."""
@@ -128,6 +169,48 @@ class PlaneCodec:
             if not gains(_HEAD.size + len(frame), size):
                 return None
             return _HEAD.pack(MAGIC, MODE_BYTES, HIGH_CODED, 1, 1, 0, size, len(frame), 0) + frame
+        if self.use_native:
+            return self._encode_o1(raw, dtype, shape)
+        return self._encode_zstd_planes(raw, dtype, shape)
+
+    def _encode_o1(self, raw: memoryview, dtype: str, shape: tuple[int, ...]) -> bytes | None:
+        size = raw.nbytes
+        n = size // 2
+        shift = O1_SHIFT[dtype]
+        if n > 4 * QUICK_PROBE:  # not KV-like (random bytes…): known before the whole split
+            quick = np.ascontiguousarray(np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2])
+            sample = _kvcore.o1_encode(quick, shift)
+            if sample is None or len(sample) > PROBE_MAX_SHARE * quick.size:
+                return None
+        tokens, channels = channel_layout(tuple(shape), n)
+        high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+        _kvcore.split(raw, high, low, tokens, channels)
+        probe = high[:PROBE_BYTES]
+        sample = _kvcore.o1_encode(probe, shift)
+        if sample is None or len(sample) > PROBE_MAX_SHARE * probe.size:
+            return None
+        hi_sec: bytes | memoryview | None = _kvcore.o1_encode(high, shift)
+        hi_coded = hi_sec is not None and len(hi_sec) <= n * (1 - PLANE_MIN_GAIN)
+        if not hi_coded:
+            hi_sec = memoryview(high)
+        lo_sec: bytes | memoryview = memoryview(low)
+        lo_coded = False
+        sample = np.ascontiguousarray(low[:: max(1, n // PROBE_BYTES)])
+        if len(zstd_compress(sample, LEVEL)) <= sample.size * (1 - LOW_MIN_GAIN):
+            frame = zstd_compress(low, LEVEL)
+            if len(frame) <= n * (1 - LOW_MIN_GAIN):
+                lo_sec, lo_coded = frame, True
+        flags = (HIGH_CODED if hi_coded else 0) | (LOW_CODED if lo_coded else 0)
+        lens = (len(hi_sec), len(lo_sec))
+        head = _HEAD.pack(MAGIC, MODE_O1, flags, tokens, channels, 0, size, *lens)
+        if not gains(len(head) + len(hi_sec) + len(lo_sec) + size % 2, size):
+            return None
+        return b"".join((head, hi_sec, lo_sec, raw[2 * n :]))
+
+    def _encode_zstd_planes(
+        self, raw: memoryview, dtype: str, shape: tuple[int, ...]
+    ) -> bytes | None:
+        size = raw.nbytes
         n = size // 2
         probe = np.frombuffer(raw, np.uint8, 2 * min(n, PROBE_BYTES))[1::2]
         if not _shrinks(probe.tobytes()):
@@ -150,7 +233,7 @@ class PlaneCodec:
         if stored.nbytes < _HEAD.size:
             raise CorruptBlockError(f"kv payload of {stored.nbytes} bytes is truncated")
         magic, mode, flags, tokens, channels, zero, size, hi_len, lo_len = _HEAD.unpack_from(stored)
-        if magic != MAGIC or zero or flags > HIGH_CODED | LOW_CODED or mode > MODE_PLANES:
+        if magic != MAGIC or zero or flags > HIGH_CODED | LOW_CODED or mode > MODE_O1:
             raise CorruptBlockError("kv payload header is not valid")
         if size > out.nbytes:
             raise CorruptBlockError(f"kv payload says {size} bytes, the buffer holds {out.nbytes}")
@@ -162,6 +245,7 @@ class PlaneCodec:
             target[:] = np.frombuffer(zstd_decompress(body, size), np.uint8)
             return size
         n = size // 2
+        high_raw = mode == MODE_PLANES or not flags & HIGH_CODED
         if (
             tokens == 0
             or channels == 0
@@ -171,12 +255,120 @@ class PlaneCodec:
         ):
             raise CorruptBlockError("kv payload lengths do not match its size")
         hi_sec, lo_sec = body[:hi_len], body[hi_len : hi_len + lo_len]
-        high = zstd_decompress(hi_sec, n) if flags & HIGH_CODED else hi_sec
         low = zstd_decompress(lo_sec, n) if flags & LOW_CODED else lo_sec
-        merge_planes(high, low, target[: 2 * n], tokens, channels)
+        if mode == MODE_PLANES and flags & HIGH_CODED:
+            hi_sec = memoryview(zstd_decompress(hi_sec, n))
+        if high_raw or (self.use_native and _kvcore is not None):
+            if _kvcore is not None:
+                try:
+                    _kvcore.decode_planes(hi_sec, not high_raw, low, out[: 2 * n], tokens, channels)
+                except ValueError as exc:
+                    raise CorruptBlockError(f"kv payload does not decode: {exc}") from None
+            else:
+                merge_planes(hi_sec, low, target[: 2 * n], tokens, channels)
+        else:
+            merge_planes(o1_decode_py(hi_sec, n), low, target[: 2 * n], tokens, channels)
         if size % 2:
             target[-1] = body[-1]
         return size
 
 
-__all__ = ["PLANE_DTYPES", "PlaneCodec", "channel_layout", "merge_planes", "split_planes"]
+# --- mode 2's high section in Python (where the C part is not built; a test reference) -------
+_O1_VERSION, _O1_MAXBITS, _O1_STREAMS, _O1_START = 1, 11, 8, 256
+
+
+def _canonical(lens: dict[int, int]) -> dict[tuple[int, int], int]:
+    """(length, MSB-first code) → symbol of canonical code lengths (DEFLATE's assignment)."""
+    count = [0] * (_O1_MAXBITS + 1)
+    for length in lens.values():
+        count[length] += 1
+    if sum(count[ln] << (_O1_MAXBITS - ln) for ln in range(1, _O1_MAXBITS + 1)) > (
+        1 << _O1_MAXBITS
+    ):
+        raise CorruptBlockError("kv payload does not decode: a code table is not valid")
+    code, nxt = 0, [0] * (_O1_MAXBITS + 1)
+    for ln in range(1, _O1_MAXBITS + 1):
+        code = (code + count[ln - 1]) << 1
+        nxt[ln] = code
+    out = {}
+    for sym in sorted(lens):
+        out[(lens[sym], nxt[lens[sym]])] = sym
+        nxt[lens[sym]] += 1
+    return out
+
+
+def o1_decode_py(section, n: int) -> np.ndarray:
+    """The ``n`` symbols of a mode-2 high section, decoded in Python (see ``_kvcore.c``)."""
+    b = bytes(section)
+
+    def bad(why: str) -> CorruptBlockError:
+        return CorruptBlockError(f"kv payload does not decode: {why}")
+
+    if len(b) < 45:
+        raise bad("section truncated")
+    if b[0] != _O1_VERSION or b[1] != _O1_MAXBITS or b[2] != _O1_STREAMS or b[3] > 7:
+        raise bad("section header is not valid")
+    shift, count, ctxmap = b[3], int.from_bytes(b[4:12], "little"), b[12:45]
+    if count != n:
+        raise bad("section holds another number of symbols")
+    if ctxmap[32] & 0xFE:
+        raise bad("section header is not valid")
+    table_of, ntab = [], 1
+    for c in range(257):
+        own = (ctxmap[c >> 3] >> (c & 7)) & 1
+        table_of.append(ntab if own else 0)
+        ntab += own
+    p, tables = 45, []
+    for _ in range(ntab):
+        if len(b) - p < 32:
+            raise bad("section truncated")
+        bitmap = b[p : p + 32]
+        p += 32
+        syms = [s for s in range(256) if (bitmap[s >> 3] >> (s & 7)) & 1]
+        if len(b) - p < (len(syms) + 1) // 2:
+            raise bad("section truncated")
+        lens = {}
+        for i, s in enumerate(syms):
+            nib = b[p + i // 2] >> (4 * (i % 2)) & 15
+            if nib == 0 or nib > _O1_MAXBITS:
+                raise bad("a code table is not valid")
+            lens[s] = nib
+        p += (len(syms) + 1) // 2
+        tables.append(_canonical(lens))
+    if len(b) - p < 4 * _O1_STREAMS:
+        raise bad("section truncated")
+    lengths = struct.unpack_from(f"<{_O1_STREAMS}I", b, p)
+    p += 4 * _O1_STREAMS
+    if sum(lengths) != len(b) - p:
+        raise bad("stream lengths do not match the section")
+    out = np.empty(n, np.uint8)
+    for i, length in enumerate(lengths):
+        lo, hi = n * i // _O1_STREAMS, n * (i + 1) // _O1_STREAMS
+        bits = np.unpackbits(np.frombuffer(b, np.uint8, length, p), bitorder="little").tolist()
+        p += length
+        pos, table = 0, tables[table_of[_O1_START]]
+        for k in range(lo, hi):
+            code, ln = 0, 0
+            while True:
+                if ln == _O1_MAXBITS or pos >= len(bits):
+                    raise bad("a stream does not decode to its length")
+                code, ln, pos = code << 1 | bits[pos], ln + 1, pos + 1
+                sym = table.get((ln, code))
+                if sym is not None:
+                    break
+            out[k] = sym
+            table = tables[table_of[sym >> shift]]
+        if (pos + 7) // 8 != length:
+            raise bad("a stream does not decode to its length")
+    return out
+
+
+__all__ = [
+    "PLANE_DTYPES",
+    "PlaneCodec",
+    "channel_layout",
+    "merge_planes",
+    "native",
+    "o1_decode_py",
+    "split_planes",
+]

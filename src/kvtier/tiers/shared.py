@@ -13,12 +13,14 @@ client's error), so the cache skips the tier for a while (its back-off) instead 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block, unpack_into
 from kvtier.codec.container import RAW_META
+from kvtier.codec.parallel import Decoders
 from kvtier.errors import TierUnavailableError
 from kvtier.tiers.base import Tier
 from kvtier.tiers.url import CODEC_CHOICES, UrlOptions, opt
@@ -94,6 +96,20 @@ class SharedTier(Tier):
 
     def delete(self, key: bytes) -> bool:
         return self.delete_many([key])[0]
+
+    @functools.cached_property
+    def _decoders(self) -> Decoders:
+        """The threads a batch's coded blocks decode on (every core)."""
+        return Decoders()
+
+    def _decode_all(
+        self, keys: Sequence[bytes], values: Sequence, outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        """:meth:`_decode_into` for each block of a batch, coded ones on every core."""
+        items = list(zip(keys, values, outs, strict=True))
+        if self.codec == "raw":
+            return [self._decode_into(*item) for item in items]
+        return self._decoders.map(self._decode_into, items)
 
     def _decode_into(
         self, key: bytes, data, out

@@ -23,11 +23,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError
 from kvtier.codec.container import RAW_META
+from kvtier.codec.parallel import Decoders
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import IOProfile, Tier, TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.files.options import FileTierOptions
@@ -103,6 +105,7 @@ class FileTier(Tier):
         self._oflags = O_DIRECT if self.direct else 0
         self.staging = self._staging_budget(staging)
         self.io: IOBackend = make_backend(io, depth)
+        self._decoders = Decoders()  # coded blocks' checks and decodes, on every core
         self.ioengine = self.io.ioengine
 
     default_name: ClassVar[str] = "disk"
@@ -207,12 +210,27 @@ class FileTier(Tier):
             except Exception as exc:
                 errors.append(exc)
 
+        # Coded blocks on a backend that completes in this thread: their checks and decodes go
+        # to the decode threads (all cores), and this thread goes on driving the I/O.
+        handed: list[tuple[int, Future]] = []
+        if self.codec != "raw" and self.io.completes_inline and self._decoders.parallel:
+
+            def hand_over(j: int, res: int) -> None:
+                handed.append((j, self._decoders.submit(complete, j, res)))
+
+            on_done: Callable[[int, int], None] = hand_over
+        else:
+            on_done = complete
         if inline and len(todo) == 1:
             op = prepare(0)
             if op is not None:
                 complete(0, run_inline(op))
         elif todo:
-            self.io.run(len(todo), prepare, complete)
+            try:
+                self.io.run(len(todo), prepare, on_done)
+            finally:
+                for _, fut in handed:  # complete() keeps its errors: this only waits
+                    fut.exception()
         if errors:
             raise errors[0]
 

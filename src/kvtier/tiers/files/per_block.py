@@ -227,6 +227,7 @@ class DiskTier(FileTier):
 
     def close(self) -> None:
         self.io.close()
+        self._decoders.close()
         self._pool.clear()
         with self._lock:
             self._free.release()

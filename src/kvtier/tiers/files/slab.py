@@ -351,6 +351,7 @@ class SlabTier(FileTier):
                 return
             self._closed = True
         self.io.close()
+        self._decoders.close()
         with self._lock:
             for files in self._classes.values():
                 for f in files:

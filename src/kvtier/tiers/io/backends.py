@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvtier.errors import ConfigError
 from kvtier.tiers.io import uring as _uring
@@ -79,6 +80,9 @@ class IOBackend(ABC):
 
     name: str
     ioengine: str  # fio's name for the same engine, for benchmarks that compare with fio
+    #: Whether ``complete`` runs in the calling thread, between reaping one batch of finished
+    #: ops and the next (so a caller with heavy completions hands them to other threads).
+    completes_inline: ClassVar[bool] = False
 
     def __init__(self, depth: int):
         if depth < 1:
@@ -142,6 +146,7 @@ class UringIO(IOBackend):
 
     name = "uring"
     ioengine = "io_uring"
+    completes_inline = True
 
     def __init__(self, depth: int):
         super().__init__(depth)

@@ -5,7 +5,8 @@ parser's buffer → hiredis's reader → a new bytes object), and the tier then 
 into the caller's buffer. For a single server (not a cluster) the tier sends a batch's GETs on a
 connection from redis-py's pool and reads the replies itself: each value's header into a small
 buffer, where it is checked, then a raw payload straight from the socket into the caller's
-buffer (a coded one into a staging buffer, then decoded), and the checksum over what arrived.
+buffer, and the checksum over what arrived; a coded one lands in a staging buffer and is checked
+and decoded afterwards, a batch's on every core.
 
 A reply this reader does not take whole — a block split over several values, a header that says
 another length — comes back as its bytes for the tier's general path. Anything wrong with the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -98,9 +100,10 @@ def read_values(
 ) -> list[BlockHeader | BlockError | bytes | None]:
     """Send ``GET name`` for each name on ``conn`` and read each reply.
 
-    Per name: the block's header (its payload decoded into the matching ``out``), a BlockError
-    for a block that fails its checks (a miss), None for a missing key, or the value's bytes
-    where the block is not whole in this one value (the caller's general path takes it).
+    Per name: the block's header (its raw payload checked in the matching ``out``), a
+    :class:`Coded` block still to check and decode, a BlockError for a block that fails its
+    checks (a miss), None for a missing key, or the value's bytes where the block is not whole
+    in this one value (the caller's general path takes it).
     """
     conn.send_packed_command(conn.pack_commands([("GET", n) for n in names]))
     sock = getattr(conn, "_sock", None)
@@ -152,19 +155,39 @@ def _one(wire: _Wire, key: bytes, out, namespace: bytes):
     stored = target[: header.raw_len] if raw else memoryview(bytearray(header.stored_len))
     wire.read_into(stored)
     wire.skip(2)
+    if not raw:
+        return Coded(head, stored, header, target)
     try:
         verify_parts(head, (stored,), header)
-        if not raw:
-            got = get_codec(header.meta.codec).decode_into(
-                stored, target[: header.raw_len], header.meta.dtype
-            )
-            if got != header.raw_len:
-                raise CorruptBlockError(
-                    f"block decoded to {got} bytes, header says {header.raw_len}"
-                )
     except BlockError as exc:
         return exc
     return header
 
 
-__all__ = ["read_values"]
+@dataclass(frozen=True)
+class Coded:
+    """A coded block read off the wire, to be checked and decoded (on any thread)."""
+
+    head: memoryview
+    stored: memoryview
+    header: BlockHeader
+    target: memoryview
+
+    def finish(self) -> BlockHeader | BlockError:
+        """Check the checksum and decode into the caller's buffer; the header or the error."""
+        header = self.header
+        try:
+            verify_parts(self.head, (self.stored,), header)
+            got = get_codec(header.meta.codec).decode_into(
+                self.stored, self.target[: header.raw_len], header.meta.dtype
+            )
+            if got != header.raw_len:
+                raise CorruptBlockError(
+                    f"block decoded to {got} bytes, header says {header.raw_len}"
+                )
+        except BlockError as exc:
+            return exc
+        return header
+
+
+__all__ = ["Coded", "read_values"]

@@ -29,7 +29,7 @@ from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_b
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
-from kvtier.tiers.redis.direct_read import read_values
+from kvtier.tiers.redis.direct_read import Coded, read_values
 from kvtier.tiers.redis.options import RedisOptions
 from kvtier.tiers.shared import SharedTier, batches, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
@@ -183,9 +183,7 @@ class RedisTier(SharedTier):
             for key in run:
                 pipe.get(self.name_of(key))
             values = self._whole(run, pipe.execute())
-            results += [
-                self._decode_into(k, v, o) for k, v, o in zip(run, values, run_outs, strict=True)
-            ]
+            results += self._decode_all(run, values, run_outs)
         return results
 
     def _read_direct(self, keys: Sequence[bytes], outs: Sequence) -> list:
@@ -200,6 +198,10 @@ class RedisTier(SharedTier):
             raise
         finally:
             pool.release(conn)
+        coded = [i for i, value in enumerate(got) if isinstance(value, Coded)]
+        finished = self._decoders.map(Coded.finish, [(got[i],) for i in coded])
+        for i, done in zip(coded, finished, strict=True):
+            got[i] = done
         for i, value in enumerate(got):
             if isinstance(value, bytes):
                 (whole,) = self._whole([keys[i]], [value])
@@ -378,6 +380,7 @@ class RedisTier(SharedTier):
         return tuple(notes)
 
     def close(self) -> None:
+        self._decoders.close()
         client, self._client = self._client, None
         if client is not None:
             client.close()

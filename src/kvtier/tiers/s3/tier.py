@@ -222,12 +222,10 @@ class S3Tier(SharedTier):
         if len(keys) != len(outs):
             raise ValueError("get_many_into needs one buffer per key")
         values = self._run([partial(self._get, k) for k in keys], len(keys) * self._largest)
-        results = []
-        for key, value, out in zip(keys, values, outs, strict=True):
+        for value in values:
             if value is not None and len(value) > self._largest:
                 self._largest = len(value)
-            results.append(self._decode_into(key, value, out))
-        return results
+        return self._decode_all(keys, values, outs)
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         items = self._coded_items(items)
@@ -270,6 +268,7 @@ class S3Tier(SharedTier):
         return TierUsage(sum(m["size"] for m in objects), 0, len(objects), notes)
 
     def close(self) -> None:
+        self._decoders.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -1,0 +1,144 @@
+"""The kv codec's C part: split/merge equal numpy's, the order-1 Huffman section round-trips any
+plane (and decodes the same in the Python reference decoder), and a damaged section is a
+ValueError or stays within its output — never a crash or a write past it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.codec import planes
+from kvtier.codec.errors import CorruptBlockError
+
+K = planes._kvcore
+
+
+def test_the_c_part_is_built():
+    """make setup builds codec/_kvcore.c (gcc is on every machine this runs on)."""
+    assert planes.native(), "the kv codec's C part did not build; pip install -e ."
+
+
+def _numpy_split(raw: np.ndarray, tokens: int, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    n = raw.size // 2
+    pairs = raw[: 2 * n].reshape(n, 2)
+    group = tokens * channels
+    m = n // group * group
+    high = pairs[:, 1].copy()
+    high[:m] = pairs[:m, 1].reshape(-1, tokens, channels).transpose(0, 2, 1).ravel()
+    return high, pairs[:, 0].copy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.sampled_from([1, 3, 16, 32, 48]),
+    channels=st.sampled_from([1, 5, 16, 64]),
+    groups=st.integers(0, 3),
+    extra=st.integers(0, 40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_split_and_merge_match_numpy_for_any_layout(tokens, channels, groups, extra, seed):
+    """Tiled (multiples of 16) and plain layouts, whole groups and a token-order remainder."""
+    n = groups * tokens * channels + extra
+    raw = np.random.default_rng(seed).integers(0, 256, 2 * n, dtype=np.uint8)
+    high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    K.split(raw, high, low, tokens, channels)
+    want_high, want_low = _numpy_split(raw, tokens, channels)
+    assert np.array_equal(high, want_high) and np.array_equal(low, want_low)
+    out = np.full(2 * n + 3, 0xA5, np.uint8)
+    K.merge(high, low, out, tokens, channels)
+    assert np.array_equal(out[: 2 * n], raw) and (out[2 * n :] == 0xA5).all()
+
+
+def test_split_and_merge_refuse_sizes_that_do_not_match():
+    raw = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError):
+        K.split(raw, np.empty(40, np.uint8), np.empty(40, np.uint8), 4, 4)
+    with pytest.raises(ValueError):
+        K.merge(np.empty(8, np.uint8), np.empty(9, np.uint8), raw, 4, 4)
+    with pytest.raises(ValueError):
+        K.merge(np.empty(8, np.uint8), np.empty(8, np.uint8), raw, 0, 4)
+
+
+def _plane(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "one":  # a single symbol: one-bit codes
+        return np.full(n, int(rng.integers(0, 256)), np.uint8)
+    if kind == "uniform":  # every byte value, no structure
+        return rng.integers(0, 256, n, dtype=np.uint8)
+    if kind == "skewed":  # a few symbols, very unequal: long codes get length-limited
+        p = 0.5 ** np.arange(1, 21)
+        return rng.choice(np.arange(100, 120, dtype=np.uint8), n, p=p / p.sum())
+    walk = np.cumsum(rng.integers(-1, 2, n)) % 7  # "walk": the previous symbol predicts
+    return (120 + walk).astype(np.uint8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(["one", "uniform", "skewed", "walk"]),
+    n=st.one_of(st.integers(1, 70), st.integers(1000, 60_000)),
+    shift=st.integers(0, 7),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, seed):
+    plane = _plane(kind, n, np.random.default_rng(seed))
+    section = K.o1_encode(plane, shift)
+    if section is None:  # only where it would not beat the plane stored as is
+        return
+    assert len(section) < n
+    out = np.full(n + 8, 0x5A, np.uint8)
+    K.o1_decode(section, out[:n])
+    assert np.array_equal(out[:n], plane) and (out[n:] == 0x5A).all()
+    if n <= 5000:
+        assert np.array_equal(planes.o1_decode_py(section, n), plane)
+
+
+def test_an_o1_section_asked_for_another_length_is_refused():
+    plane = _plane("walk", 50_000, np.random.default_rng(1))
+    section = K.o1_encode(plane, 0)
+    for n in (49_999, 50_001, 10):
+        with pytest.raises(ValueError):
+            K.o1_decode(section, np.empty(n, np.uint8))
+        with pytest.raises(CorruptBlockError):
+            planes.o1_decode_py(section, n)
+
+
+def test_damaged_o1_sections_fail_or_stay_within_their_output():
+    """Time-bounded: a damaged section is a ValueError or decodes, within bounds, to something
+    (the block checksum catches that); truncation is always refused."""
+    rng = np.random.default_rng(3)
+    goods = [
+        (K.o1_encode(_plane(kind, 40_000, rng), 0), 40_000)
+        for kind in ("walk", "skewed", "uniform")
+    ]
+    goods = [(s, n) for s, n in goods if s is not None]
+    for section, n in goods:
+        for keep in (0, 3, 36, 40, len(section) // 2, len(section) - 1):
+            with pytest.raises(ValueError):
+                K.o1_decode(section[:keep], np.empty(n, np.uint8))
+    deadline, tries = time.monotonic() + 2.0, 0
+    while time.monotonic() < deadline:
+        section, n = goods[tries % len(goods)]
+        bad = bytearray(section)
+        for _ in range(int(rng.integers(1, 4))):
+            near = 400 if rng.random() < 0.5 else len(bad)
+            bad[int(rng.integers(0, min(near, len(bad))))] = int(rng.integers(0, 256))
+        out = np.full(n + 64, 0x5A, np.uint8)
+        with contextlib.suppress(ValueError):
+            K.o1_decode(bytes(bad), out[:n])
+        assert (out[n:] == 0x5A).all()
+        tries += 1
+    assert tries > 50
+
+
+def test_decode_planes_checks_its_sizes():
+    low, out = np.zeros(100, np.uint8), np.zeros(200, np.uint8)
+    with pytest.raises(ValueError):  # a raw high plane of another size
+        K.decode_planes(b"\x00" * 99, False, low, out, 10, 10)
+    with pytest.raises(ValueError):  # an output too small for the planes
+        K.decode_planes(b"\x00" * 100, False, low, out[:199], 10, 10)
+    with pytest.raises(ValueError):  # not a section
+        K.decode_planes(b"\x00" * 50, True, low, out, 10, 10)

@@ -1,10 +1,11 @@
 """Raw-client references for the shared tiers: the same library the tier uses, without kvtier.
 
-For a Redis/Valkey tier: redis-py ``SET``/``GET`` (a pipeline per request of several blocks) on
-the tier's own connection pool; for an S3 tier: obstore ``put``/``get`` on the tier's store.
-Values are as large as the tier's objects (the block container's header plus the payload), so
-both sides move the same bytes, in the same threads and requests (:func:`run_pass`). The
-reference neither checks nor copies what it reads; kvtier does both.
+For a Redis/Valkey tier: redis-py ``SET``/``GET`` (a pipeline per request of several blocks) as
+redis-py comes, on a client of its own to the same server; for an S3 tier: obstore
+``put``/``get`` on the tier's store. Values are as large as the tier's objects (the block
+container's header plus the payload), so both sides move the same bytes, in the same threads
+and requests (:func:`run_pass`). The reference neither checks nor copies what it reads; kvtier
+does both.
 """
 
 from __future__ import annotations
@@ -43,14 +44,20 @@ class ClientReference:
 
 
 class RedisClientReference(ClientReference):
-    """redis-py SET/GET (pipelined per request) on the tier's client."""
+    """redis-py SET/GET (pipelined per request) as redis-py comes, on a client of its own to
+    the tier's server (the tier's connections send and receive values without redis-py's
+    copies: that is part of what is measured)."""
+
+    def __init__(self, tier: Tier, items: int, item_bytes: int):
+        super().__init__(tier, items, item_bytes)
+        self.client = tier.stock_client()
 
     def detail(self, plan: PassPlan) -> str:
         how = "pipelines of SET/GET" if plan.batch > 1 else "SET/GET"
         return f"redis-py {how}, {plan.batch} per request, {plan.threads} threads"
 
     def _each(self, indices: Sequence[int], op: str) -> None:
-        client = self.tier.client
+        client = self.client
         if len(indices) == 1:
             name = self.names[indices[0]]
             client.set(name, self.value) if op == "write" else client.get(name)
@@ -66,10 +73,15 @@ class RedisClientReference(ClientReference):
     def read(self, plan: PassPlan) -> PassResult:
         return run_pass(plan, lambda _w, indices: self._each(indices, "read"))
 
-    def close(self) -> None:
-        client = self.tier.client
+    def forget(self) -> None:
         for i in range(0, len(self.names), 512):
-            client.delete(*self.names[i : i + 512])
+            self.client.delete(*self.names[i : i + 512])
+
+    def close(self) -> None:
+        try:
+            self.forget()
+        finally:
+            self.client.close()
 
 
 class S3ClientReference(ClientReference):

@@ -59,7 +59,10 @@ StepCallback = Callable[[str], None]
 DEFAULT_DATA = 512 * MiB
 PAGE = 4096
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
-PAYLOADS = 8  # distinct random payloads per pass
+PAYLOADS = 8  # distinct payloads per pass
+#: What the blocks hold: random bytes, or real KV chunks of the embedded model (the codec corpus).
+PAYLOAD_KINDS = ("random", "kv")
+KV_PAYLOAD_MODEL = "smollm2-135m"
 NATIVE_REQUEST_BYTES = 256 * MiB
 NATIVE_REQUEST_TOKENS = 32768
 
@@ -121,6 +124,7 @@ class StorageBenchConfig:
     lookup: bool = True
     lookup_chunks: int = 512
     lookup_repeats: int = 200
+    payload: str = "random"
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -133,6 +137,19 @@ class StorageBenchConfig:
             raise ConfigError("block size must be positive")
         if self.data_size <= 0:
             raise ConfigError("data size must be positive")
+        if self.payload not in PAYLOAD_KINDS:
+            raise ConfigError(
+                f"payload must be one of {', '.join(PAYLOAD_KINDS)}, got {self.payload!r}"
+            )
+        if self.payload == "kv":
+            from kvtier.engines.kv_corpus import CHUNK_TOKENS as KV_TOKENS
+
+            if self.model != KV_PAYLOAD_MODEL or self.block_size or self.chunk_tokens != KV_TOKENS:
+                raise ConfigError(
+                    f"--payload kv is real KV of the embedded model in {KV_TOKENS}-token "
+                    f"chunks: use it with --model {KV_PAYLOAD_MODEL}, --chunk-tokens {KV_TOKENS} "
+                    "and no --block-size"
+                )
         if self.drive not in ("auto", "threads", "native"):
             raise ConfigError(f"drive must be auto, threads or native, got {self.drive!r}")
         if self.repeats < 1:
@@ -190,6 +207,7 @@ class StorageBenchConfig:
             "slices": self.slices,
             "fio": self.fio,
             "lookup_chunks": self.lookup_chunks if self.lookup else 0,
+            "payload": self.payload,
         }
 
 
@@ -255,6 +273,7 @@ class StorageBench:
         self.namespace = Namespace.for_model(config.spec, "kvtier-bench")
         self.fio = fio_binary() if config.fio else None
         self._nonce = os.urandom(8)
+        self._kv: list[np.ndarray] | None = None
 
     def steps(self) -> int:
         """Steps ``run`` reports: a warm-up per tier, 3 per tier, depth and repeat, the lookup."""
@@ -461,14 +480,31 @@ class StorageBench:
         return Reference("fio", res.result, " ".join(res.command[1:]))
 
     def _payload_pool(self, items: int) -> list[np.ndarray]:
-        """A few random payloads; block ``i`` is written from ``pool[i % len(pool)]``."""
+        """A few payloads (random, or real KV chunks); block ``i`` is written from
+        ``pool[i % len(pool)]``."""
         rng = np.random.default_rng()
+        chunks = self._kv_chunks() if self.config.payload == "kv" else []
         pool = []
-        for _ in range(min(items, PAYLOADS)):
+        for i in range(min(items, PAYLOADS)):
             buf = aligned_empty(self.config.block_bytes)
-            buf[:] = rng.integers(0, 256, buf.nbytes, dtype=np.uint8)
+            if chunks:
+                buf[:] = np.frombuffer(chunks[i % len(chunks)].tobytes(), np.uint8)
+            else:
+                buf[:] = rng.integers(0, 256, buf.nbytes, dtype=np.uint8)
             pool.append(buf)
         return pool
+
+    def _kv_chunks(self) -> list[np.ndarray]:
+        """Real KV chunks of the embedded model, as many kinds and lengths as the pool takes."""
+        if self._kv is None:
+            from kvtier.engines.kv_corpus import load_corpus
+
+            dtype = self.config.spec.kv_dtype
+            corpus = load_corpus(dtypes=(dtype,), per_prompt=1)
+            self._kv = [item.chunks[0] for item in corpus][:PAYLOADS]
+            if not self._kv or self._kv[0].nbytes != self.config.block_bytes:
+                raise ConfigError("the KV corpus's chunks are not this model's blocks")
+        return self._kv
 
     def _keys(self, url: str, depth: int, items: int) -> list[bytes]:
         seed = self._nonce + url.encode() + depth.to_bytes(4, "little")

@@ -90,6 +90,13 @@ def storage(
     lookup_chunks: Annotated[
         int, typer.Option(help="Chunks in the looked-up prefix (512 × 256 tokens = 128k).")
     ] = 512,
+    payload: Annotated[
+        str,
+        typer.Option(
+            help="random: random bytes; kv: real KV chunks of the embedded model (what a "
+            "codec= tier compresses)."
+        ),
+    ] = "random",
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG bar chart here.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
@@ -124,6 +131,7 @@ def storage(
         fio=fio,
         lookup=lookup,
         lookup_chunks=lookup_chunks,
+        payload=payload,
     )
     for url in config.tiers:  # before any tier is opened or data made
         check_tier_url(url)

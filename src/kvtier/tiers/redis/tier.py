@@ -146,6 +146,17 @@ class RedisTier(SharedTier):
                 client = self._client
         return client
 
+    def stock_client(self):
+        """A new redis-py client to the same server with the same options, as redis-py comes
+        (its own packer and parser, its own connections): what benchmarks compare against."""
+        args = dict(self._args)
+        ssl = args.pop("connection_class") is ValueSSLConnection
+        if self.options.cluster:
+            from redis.cluster import RedisCluster
+
+            return RedisCluster(**args, ssl=ssl)
+        return redis.Redis(**args, ssl=ssl)
+
     def _pipe(self):
         return self.client.pipeline(transaction=False)
 

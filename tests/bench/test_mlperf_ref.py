@@ -5,6 +5,7 @@ files are read, a wrong tool is refused, and where the benchmark is next to the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from kvtier.bench.mlperf_ref import (
     MlperfError,
     MlperfWorkload,
     check_tool,
+    objects_of,
     read_figures,
+    replay_ops,
 )
 from kvtier.errors import ConfigError
 
@@ -46,6 +49,19 @@ def test_a_result_without_storage_figures_is_a_clear_error(tmp_path):
     bad.write_text(json.dumps({"summary": {}}))
     with pytest.raises(MlperfError, match=r"not a kv-cache\.py result"):
         read_figures(bad)
+
+
+def test_the_objects_left_behind_are_written_and_read_back_as_often(tmp_path):
+    for i, size in enumerate((300, 100, 200)):
+        (tmp_path / f"conv_{i}.npy").write_bytes(b"x" * size)
+        os.utime(tmp_path / f"conv_{i}.npy", ns=(10**9 * (i + 1), 10**9 * (i + 1)))
+    objects = objects_of(tmp_path)
+    assert objects == [("conv_0", 300), ("conv_1", 100), ("conv_2", 200)]
+    ops = replay_ops(objects, reads=7)
+    assert [(o.op, o.key) for o in ops[:4]] == [("write", "conv_0")] + [("read", "conv_0")] * 3
+    assert sum(o.op == "read" for o in ops) == 7 and sum(o.op == "write" for o in ops) == 3
+    with pytest.raises(MlperfError):
+        replay_ops([], reads=3)
 
 
 def test_only_kv_cache_py_is_taken_as_the_tool(tmp_path):

@@ -1,13 +1,14 @@
 """MLPerf Storage's KV-cache benchmark run as the reference of ``kvtier bench mlperf``.
 
-The benchmark (``kv-cache.py``, not part of kvtier: its path is given) runs twice with the same
-workload options: once in trace mode (``--io-trace-log``, no I/O), whose trace kvtier replays
-through its tiers, and once with its own file backend on a directory of the disk under test
-(``np.save`` + ``fsync`` per object, page cache dropped before each ``np.load``), whose result
-file gives the reference figures. Both sides read the same kind of objects (one request's whole
-KV) from the same disk; each read is compared as bytes over the time to bring one object back
-(the benchmark's own read latencies, which include its copy into a new array, against kvtier's,
-which include the lookup and the load into host buffers).
+The benchmark (``kv-cache.py``, not part of kvtier: its path is given) runs with its own file
+backend on a directory of the disk under test (``np.save`` + ``fsync`` per object, page cache
+dropped before each ``np.load``); its result file gives the reference figures, and the objects
+it left in the directory give kvtier's workload: the same objects (one request's whole KV each),
+each written once and read back right after as often as the benchmark read an object on average.
+(The benchmark's own trace mode, ``--io-trace-log``, does no I/O, so its users run ahead and
+make other, larger objects than a run that does.) Each read is compared as bytes over the time
+to bring one object back: the benchmark's read latencies include its copy into a new array,
+kvtier's the lookup and the load into host buffers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.workloads.mlperf import TraceOp
 
 
 class MlperfError(KvtierError):
@@ -105,17 +107,24 @@ def _run(tool: Path, args: list[str], log: Path) -> None:
         raise MlperfError(f"kv-cache.py exited with {proc.returncode}: {tail[0][:200]} ({log})")
 
 
-def make_trace(tool: Path, workload: MlperfWorkload, trace: Path, work: Path) -> Path:
-    """The benchmark's I/O trace of ``workload`` (trace mode: it does no I/O)."""
-    args = [*workload.args(), "--cache-dir", str(work / "trace-mode")]
-    _run(
-        tool,
-        [*args, "--io-trace-log", str(trace), "--output", str(work / "trace.json")],
-        work / "trace.log",
-    )
-    if not trace.is_file():
-        raise MlperfError(f"kv-cache.py wrote no trace to {trace} (see {work / 'trace.log'})")
-    return trace
+def objects_of(directory: Path) -> list[tuple[str, int]]:
+    """(key, bytes) of the objects the file backend left in ``directory``, oldest first."""
+    files = sorted(Path(directory).glob("*.npy"), key=lambda f: (f.stat().st_mtime_ns, f.name))
+    return [(f.stem, f.stat().st_size) for f in files]
+
+
+def replay_ops(objects: list[tuple[str, int]], reads: int) -> list[TraceOp]:
+    """Each object written, then read back ``reads / len(objects)`` times on average (the
+    remainder spread over the first ones)."""
+    if not objects:
+        raise MlperfError("the benchmark's file backend left no objects to replay")
+    per, extra = divmod(max(reads, len(objects)), len(objects))
+    ops: list[TraceOp] = []
+    for i, (key, size) in enumerate(objects):
+        ops.append(TraceOp(float(i), "write", size, "Tier-2", key, "Prefill"))
+        for _ in range(per + (i < extra)):
+            ops.append(TraceOp(float(i), "read", size, "Tier-2", key, "Decode"))
+    return ops
 
 
 def run_file_backend(tool: Path, workload: MlperfWorkload, directory: Path, work: Path):
@@ -153,7 +162,8 @@ __all__ = [
     "MlperfFigures",
     "MlperfWorkload",
     "check_tool",
-    "make_trace",
+    "objects_of",
     "read_figures",
+    "replay_ops",
     "run_file_backend",
 ]

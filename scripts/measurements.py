@@ -75,8 +75,9 @@ def machine(docs: list[dict]) -> str:
     """One line naming the machine the runs were measured on."""
     env = docs[0].get("environment", {})
     cpu = env.get("cpu") or "CPU not recorded"
-    fs = env.get("filesystem") or "?"
-    return f"{env.get('cpus', '?')} × {cpu}; disk tiers on {fs}; fio {env.get('fio') or 'none'}"
+    fs = env.get("filesystem")
+    disk = f"; disk tiers on {fs}" if fs else ""
+    return f"{env.get('cpus', '?')} × {cpu}{disk}; fio {env.get('fio') or 'none'}"
 
 
 def render_storage(docs: list[dict]) -> str:
@@ -87,8 +88,9 @@ def render_storage(docs: list[dict]) -> str:
         "",
         f"From {len(docs)} `kvtier bench storage --json` reports; machine: {machine(docs)}.",
         "Each cell: median kvtier ÷ reference over the runs (their range); the reference is fio",
-        "with the tier's engine and layout for disk tiers, a plain copy for memory. Target and",
-        "verdict of the median where a target applies (blocks ≥ 256 KiB).",
+        "with the tier's engine and layout for disk tiers, a plain copy for memory, the raw",
+        "client for shared tiers (redis-py as it comes, obstore). Target and verdict of the",
+        "median where a target applies (blocks ≥ 256 KiB).",
         "",
     ]
     for block in sorted({c[0] for c in ratios}):

@@ -290,3 +290,18 @@ def test_targets_cover_both_disk_layouts_from_256_kib():
         assert target_for(scheme, "read", 128 * 1024) is None
     assert target_for("memory", "read", 256 * 1024) == 0.8
     assert target_for("memory", "write", 256 * 1024) is None
+
+
+def test_kv_payloads_are_the_embedded_models_blocks_only():
+    from kvtier.bench.storage import StorageBenchConfig
+    from kvtier.errors import ConfigError
+
+    StorageBenchConfig(tiers=("memory://?size=64MiB",), payload="kv")  # the embedded model
+    for bad in (
+        {"payload": "kv", "model": "llama-3.1-8b"},
+        {"payload": "kv", "block_size": 1 << 20},
+        {"payload": "kv", "chunk_tokens": 128},
+        {"payload": "zeros"},
+    ):
+        with pytest.raises(ConfigError):
+            StorageBenchConfig(tiers=("memory://?size=64MiB",), **bad)

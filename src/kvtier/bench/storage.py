@@ -500,8 +500,8 @@ class StorageBench:
             from kvtier.engines.kv_corpus import load_corpus
 
             dtype = self.config.spec.kv_dtype
-            corpus = load_corpus(dtypes=(dtype,), per_prompt=1)
-            self._kv = [item.chunks[0] for item in corpus][:PAYLOADS]
+            corpus = load_corpus(dtypes=(dtype,), lengths=(1024,), per_prompt=2)
+            self._kv = [chunk for item in corpus for chunk in item.chunks][:PAYLOADS]
             if not self._kv or self._kv[0].nbytes != self.config.block_bytes:
                 raise ConfigError("the KV corpus's chunks are not this model's blocks")
         return self._kv

@@ -38,7 +38,7 @@ from kvtier.tiers.url import parse_options
 
 _OPEN_TIMEOUT_S = 2.0
 _FIRST_GUESS = 1 << 20  # bytes of a block before the tier has seen one
-_BOUND_STEP_MS = 50  # request bounds round up to this: a few store objects, not one per size
+_BOUND_STEP_MS = 50  # bounds up to 1 s round up to this, longer ones to a power of two of ms
 
 
 class S3Tier(SharedTier):
@@ -135,8 +135,11 @@ class S3Tier(SharedTier):
 
     # --- running batches ----------------------------------------------------------------
     def _within(self, seconds: float) -> S3Store:
-        """The store whose HTTP client gives up on a request after ``seconds`` (rounded up)."""
-        ms = -(-int(seconds * 1000) // _BOUND_STEP_MS) * _BOUND_STEP_MS
+        """The store whose HTTP client gives up on a request after ``seconds`` (rounded up: a
+        few store objects, each with its connections, not one per batch size)."""
+        ms = max(_BOUND_STEP_MS, -(-int(seconds * 1000) // _BOUND_STEP_MS) * _BOUND_STEP_MS)
+        if ms > 1000:  # long bounds (large batches) in powers of two: a few stores in all
+            ms = 1 << (ms - 1).bit_length()
         store = self._bounded.get(ms)
         if store is None:
             bucket, config, client, retry = self._store_args

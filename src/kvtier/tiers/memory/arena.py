@@ -87,6 +87,18 @@ class SlabArena:
         """Give slots back for reuse."""
         self._free.extend(reversed(slots))
 
+    def span(self, slots: list[int]) -> np.ndarray | None:
+        """One view of ``slots`` when they are consecutive in one chunk (else None): a block
+        over several slots that lie back to back is one buffer, read with one copy."""
+        first, n = slots[0], len(slots)
+        if any(s != first + k for k, s in enumerate(slots)):
+            return None
+        chunk, i = divmod(first, self.per_chunk)
+        if i + n > self.per_chunk:
+            return None
+        start = i * self.slot_size
+        return self._chunks[chunk][start : start + n * self.slot_size]
+
     def view(self, slot: int) -> np.ndarray:
         """The bytes of one slot."""
         chunk, i = divmod(slot, self.per_chunk)

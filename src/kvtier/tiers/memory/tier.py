@@ -400,7 +400,8 @@ class MemoryTier(Tier):
     def _copy_in(
         self, arena: SlabArena, slots: list[int], header: bytes, stored: memoryview
     ) -> _Block:
-        views = [arena.view(s) for s in slots]
+        run = arena.span(slots) if len(slots) > 1 else None
+        views = [run] if run is not None else [arena.view(s) for s in slots]
         head = views[0][:HEADER_SIZE]
         head[:] = np.frombuffer(header, np.uint8)
         src = np.frombuffer(stored, np.uint8)

@@ -6,11 +6,16 @@ Engines (each its own process, shared by the tests of this module):
   cached/computed split the kvtier engines get, so their tokens must match it exactly.
 - ``first``: kvtier (host-memory ``slab://`` in /dev/shm, then a disk ``slab://``), vLLM's prefix
   cache off so that every reuse must come from kvtier: reuse, an extended prompt, a partial hit.
-- ``second``: another engine process started while ``first`` is still running, with its own host
+- ``second``: another engine process, running while ``first`` is still alive, with its own host
   memory and the same disk tier; a pool of 19 blocks forces preemption.
 - ``restart``: after both exited, a new engine on the same disk tier, vLLM's prefix cache on
   (kvtier supplies only what it lacks); then the disk tier's files are corrupted.
 - ``files``: a ``file://`` tier whose block files are deleted, then whose directory is replaced.
+
+An engine's start-up is mostly single-threaded, so the engines start up together and then
+take turns to compute, ``reference``, ``files``, ``first``, ``second``: an engine computing
+beside any other work slows down several times over (its OpenMP threads wait on each other).
+``restart`` imports vLLM early and builds its engine once the others have exited.
 """
 
 from __future__ import annotations
@@ -76,11 +81,31 @@ def runs(prompts, tmp_path_factory):
                 ]
             },
             "reference",
-        ).result()
+        )
+        file_tier = probe(
+            {
+                "connector": {
+                    "tiers": [f"file://{files}?size=1GiB"],
+                    "records": str(work / "files.jsonl"),
+                },
+                "prefix_caching": False,
+                "run_when": str(work / "files.turn"),
+                "steps": [
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"delete": f"{files}/**/*.kvb"},
+                    {"prompts": [P], "max_tokens": SHORT},
+                    {"kill": str(files)},
+                    {"prompts": [P], "max_tokens": SHORT},
+                ],
+            },
+            "files",
+        )
         first = probe(
             {
                 "connector": {"tiers": tiers(0), "records": str(work / "first.jsonl")},
                 "prefix_caching": False,
+                "run_when": str(work / "first.turn"),
                 "steps": [
                     {"prompts": [P], "max_tokens": SHORT},
                     {"prompts": [P], "max_tokens": SHORT},
@@ -92,8 +117,7 @@ def runs(prompts, tmp_path_factory):
             },
             "first",
         )
-        # the second engine starts once the first has stored everything and is still alive
-        _wait_for(work / "first.ready", first)
+        # the second engine computes once the first has stored everything and is still alive
         second = probe(
             {
                 "connector": {"tiers": tiers(1), "records": str(work / "second.jsonl")},
@@ -101,21 +125,20 @@ def runs(prompts, tmp_path_factory):
                 "blocks": 19,
                 "max_model_len": 2048,
                 "max_num_seqs": 2,
+                "run_when": str(work / "first.ready"),
                 "steps": [
                     {"prompts": [P], "max_tokens": SHORT},
                     {"prompts": S, "max_tokens": LONG},
                 ],
             },
             "second",
-        ).result()
-        (work / "first.go").write_text("go\n")
-        first_out = first.result()
-        shutil.rmtree(shm[0], ignore_errors=True)
-        shutil.rmtree(shm[1], ignore_errors=True)
-        restart = probe(
+        )
+        # the restart engine imports vLLM now and builds its engine once both others exited
+        restarted = probe(
             {
                 "connector": {"tiers": tiers(2), "records": str(work / "restart.jsonl")},
                 "prefix_caching": True,
+                "start_when": str(work / "restart.go"),
                 "steps": [
                     {"prompts": [P], "max_tokens": SHORT},
                     {"prompts": [PQ], "max_tokens": SHORT},
@@ -124,25 +147,19 @@ def runs(prompts, tmp_path_factory):
                 ],
             },
             "restart",
-        ).result()
-        file_tier = probe(
-            {
-                "connector": {
-                    "tiers": [f"file://{files}?size=1GiB"],
-                    "records": str(work / "files.jsonl"),
-                },
-                "prefix_caching": False,
-                "steps": [
-                    {"prompts": [P], "max_tokens": SHORT},
-                    {"prompts": [P], "max_tokens": SHORT},
-                    {"delete": f"{files}/**/*.kvb"},
-                    {"prompts": [P], "max_tokens": SHORT},
-                    {"kill": str(files)},
-                    {"prompts": [P], "max_tokens": SHORT},
-                ],
-            },
-            "files",
-        ).result()
+        )
+        reference = ref.result()
+        (work / "files.turn").write_text("go\n")
+        files_out = file_tier.result()
+        (work / "first.turn").write_text("go\n")
+        _wait_for(work / "first.ready", first)
+        second_out = second.result()
+        (work / "first.go").write_text("go\n")
+        first_out = first.result()
+        shutil.rmtree(shm[0], ignore_errors=True)
+        shutil.rmtree(shm[1], ignore_errors=True)
+        (work / "restart.go").write_text("go\n")
+        restart = restarted.result()
     finally:
         for p in started:
             if p.proc.poll() is None:
@@ -153,11 +170,11 @@ def runs(prompts, tmp_path_factory):
         n: read_records(work / f"{n}.jsonl") for n in ("first", "second", "restart", "files")
     }
     return {
-        "reference": ref,
+        "reference": reference,
         "first": first_out,
-        "second": second,
+        "second": second_out,
         "restart": restart,
-        "files": file_tier,
+        "files": files_out,
         "records": records,
         "work": work,
     }

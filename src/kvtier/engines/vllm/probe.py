@@ -6,15 +6,19 @@ The spec (JSON) says how to build the engine and what to do::
 
     {"connector": {...kv_connector_extra_config...} | null,
      "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
+     "start_when": "/tmp/go", "run_when": "/tmp/turn",
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
                {"corrupt": "/dir/**/*.kv"}, {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}]}
 
 Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
 other in a small pool); the other steps damage tiers between prompts (flip bytes in files, delete
-files, replace a tier's directory with a file) or synchronise with another process. The output
-is ``{"steps": [{"tokens": [[...], ...], "seconds": s}, ...]}``. Tests run each engine in its
-own process because vLLM starts its engine processes by spawn and keeps process-wide state.
+files, replace a tier's directory with a file) or synchronise with another process.
+``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
+``run_when`` the first step (engines start up together, then compute one at a time).
+The output is ``{"steps": [{"tokens": [[...], ...], "seconds": s}, ...]}``. Tests run each
+engine in its own process because vLLM starts its engine processes by spawn and keeps
+process-wide state.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ def main(argv: list[str]) -> int:
     from kvtier.engines.embedded import embedded_model_folder
 
     folder, _, _ = embedded_model_folder()
+    if spec.get("start_when"):
+        _damage({"wait_for": spec["start_when"], "timeout": 900})
     kw: dict = {}
     if spec.get("connector") is not None:
         kw["kv_transfer_config"] = {
@@ -129,6 +135,8 @@ def main(argv: list[str]) -> int:
         max_num_seqs=int(spec.get("max_num_seqs", 8)),
         **kw,
     )
+    if spec.get("run_when"):
+        _damage({"wait_for": spec["run_when"], "timeout": 900})
     out: list[dict] = []
     for step in spec["steps"]:
         if "prompts" not in step:

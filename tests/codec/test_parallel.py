@@ -4,10 +4,11 @@ closed, and the C decode really runs on several threads at once."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from kvtier.codec.parallel import Decoders
+from kvtier.codec.parallel import Decoders, EncodeAhead
 
 
 def test_map_keeps_the_order_and_uses_several_threads():
@@ -53,3 +54,49 @@ def test_an_error_reaches_the_caller():
         assert decoders.submit(work, 5).result() == 5
     finally:
         decoders.close()
+
+
+def test_encode_ahead_gives_each_item_once_in_any_order_and_starts_a_window_ahead():
+    started: list[int] = []
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def encode(i: int) -> int:
+        with lock:
+            started.append(i)
+        if i == 7:
+            gate.wait(10)  # the window must not wait for a slow item behind it
+        return -i
+
+    decoders = Decoders(2)
+    try:
+        ahead = EncodeAhead(decoders, [7, 3, 5, 1, 9], encode, window=2)
+        assert ahead.get(3) == -3  # asking for 3 starts 7, 3 and the two after it
+        deadline = time.monotonic() + 10
+        while set(started) != {7, 3, 5, 1} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(started) == {7, 3, 5, 1}  # 9 waits until one of those is asked for
+        gate.set()
+        assert [ahead.get(i) for i in (7, 5, 1, 9)] == [-7, -5, -1, -9]
+        assert ahead.get(9) == -9  # asked for twice: encoded again
+        assert ahead.get(4) == -4  # not in the batch: inline
+        ahead.cancel()
+    finally:
+        decoders.close()
+
+
+def test_encode_ahead_reraises_an_items_error_and_runs_inline_on_one_core():
+    def encode(i: int) -> int:
+        if i == 2:
+            raise ValueError("two")
+        return i
+
+    for decoders in (Decoders(2), Decoders(1)):
+        try:
+            ahead = EncodeAhead(decoders, range(4), encode, window=3)
+            assert ahead.get(0) == 0 and ahead.get(1) == 1
+            with pytest.raises(ValueError, match="two"):
+                ahead.get(2)
+            assert ahead.get(3) == 3
+        finally:
+            decoders.close()

@@ -143,15 +143,20 @@ def encode_payload(raw: memoryview, meta: BlockMeta) -> tuple[int, BlockMeta, me
 
 
 def pack_block(
-    namespace: bytes, key: bytes, payload, meta: BlockMeta = RAW_META
+    namespace: bytes,
+    key: bytes,
+    payload,
+    meta: BlockMeta = RAW_META,
+    encoded: tuple[int, BlockMeta, memoryview] | None = None,
 ) -> tuple[bytes, memoryview]:
     """Encode ``payload`` with ``meta.codec``; return (header, stored payload) ready to write.
 
     The two parts are returned apart so tiers can write them without joining them in memory.
-    A block its codec does not shrink enough is stored raw.
+    A block its codec does not shrink enough is stored raw. ``encoded``: what
+    ``encode_payload(payload, meta)`` already returned (encoded on another thread).
     """
     raw = memoryview(payload).cast("B")
-    codec_id, meta, stored = encode_payload(raw, meta)
+    codec_id, meta, stored = encoded if encoded is not None else encode_payload(raw, meta)
     header = header_bytes(namespace, key, meta, codec_id, raw.nbytes, stored.nbytes, 0)
     h = xxhash.xxh3_64(header)
     h.update(stored)

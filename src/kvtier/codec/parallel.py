@@ -1,8 +1,10 @@
-"""A batch's blocks decoded on every core: each tier's pool of decode threads.
+"""A batch's blocks decoded and encoded on every core: each tier's pool of codec threads.
 
 The kv codec's C part and zstd release the GIL while they work, so blocks handed to threads
 decode on all cores at once, and the thread that drives a tier's I/O (an io_uring ring, a
-Redis pipeline) goes on reaping and submitting meanwhile. The pool starts on first use, one
+Redis pipeline) goes on reaping and submitting meanwhile. Writes go the other way: a batch's
+encodes start on the threads a few blocks ahead of the I/O (:class:`EncodeAhead`), so the
+driving thread writes block ``i`` while later ones encode. The pool starts on first use, one
 thread per core; on one core everything runs inline.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -71,4 +73,46 @@ class Decoders:
             pool.shutdown(wait=True)
 
 
-__all__ = ["Decoders"]
+class EncodeAhead:
+    """A batch's encodes run on a :class:`Decoders` pool, ``window`` items ahead of the caller.
+
+    ``order`` is the item indices in the order the caller asks for them; ``encode(i)`` is what
+    item ``i`` stores. :meth:`get` gives it (waiting for it, or running it inline where the
+    pool is not parallel) and starts the encodes of the next ``window`` items, so at most
+    ``window`` encoded items wait at once.
+    """
+
+    def __init__(
+        self, pool: Decoders, order: Sequence[int], encode: Callable[[int], T], window: int
+    ):
+        self._pool, self._order, self._encode = pool, list(order), encode
+        self._at = {i: k for k, i in enumerate(self._order)}
+        self._window = max(1, window)
+        self._started: dict[int, Future[T]] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def get(self, i: int) -> T:
+        """Item ``i``'s encoded form (its encode's exception, re-raised)."""
+        if not self._pool.parallel or i not in self._at:
+            return self._encode(i)
+        with self._lock:
+            stop = min(len(self._order), self._at[i] + 1 + self._window)
+            while self._next < stop:
+                item = self._order[self._next]
+                self._started[item] = self._pool.submit(self._encode, item)
+                self._next += 1
+            fut = self._started.pop(i, None)
+        if fut is None:  # asked for twice
+            return self._encode(i)
+        return fut.result()
+
+    def cancel(self) -> None:
+        """Drop the encodes nobody asked for (the running ones finish unheld)."""
+        with self._lock:
+            for fut in self._started.values():
+                fut.cancel()
+            self._started.clear()
+
+
+__all__ = ["Decoders", "EncodeAhead"]

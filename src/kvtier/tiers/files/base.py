@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError
-from kvtier.codec.container import RAW_META
-from kvtier.codec.parallel import Decoders
+from kvtier.codec.container import RAW_META, encode_payload
+from kvtier.codec.parallel import Decoders, EncodeAhead
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import IOProfile, Tier, TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.files.options import FileTierOptions
@@ -233,6 +233,20 @@ class FileTier(Tier):
                     fut.exception()
         if errors:
             raise errors[0]
+
+    def _encode_ahead(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]], todo: Sequence[int]
+    ) -> EncodeAhead | None:
+        """The coded writes of a batch encoded on the codec threads, a few blocks ahead of the
+        I/O (None where there is nothing to overlap: a raw tier, one block, one core)."""
+        if self.codec == "raw" or len(todo) < 2 or not self._decoders.parallel:
+            return None
+
+        def encode(i: int) -> tuple[int, BlockMeta, memoryview]:
+            _, payload, meta = items[i]
+            return encode_payload(memoryview(payload).cast("B"), meta)
+
+        return EncodeAhead(self._decoders, todo, encode, 2 * self._decoders.threads)
 
     def _read_batch(self, keys: Sequence[bytes], outs: Sequence, todo: Sequence[int], results):
         """The general read path for ``todo``'s indices."""

@@ -203,13 +203,18 @@ class DiskTier(FileTier):
             todo: Sequence[int] = range(len(items))
             if len(items) > 1:
                 todo = self._ring_writes(items, results)
-            self._batch(
-                todo,
-                lambda i: self._open_write(*items[i]),
-                self._finish_write,
-                results,
-                inline=True,
-            )
+            ahead = self._encode_ahead(items, todo)
+            try:
+                self._batch(
+                    todo,
+                    lambda i: self._open_write(*items[i], ahead.get(i) if ahead else None),
+                    self._finish_write,
+                    results,
+                    inline=True,
+                )
+            finally:
+                if ahead is not None:
+                    ahead.cancel()
         finally:
             self._notify_evictions()
         if self.dirsync:
@@ -418,10 +423,16 @@ class DiskTier(FileTier):
         with self._lock:
             self.ledger.release(size)
 
-    def _open_write(self, key: bytes, payload, meta: BlockMeta) -> tuple[_Write, IOOp] | None:
+    def _open_write(
+        self,
+        key: bytes,
+        payload,
+        meta: BlockMeta,
+        encoded: tuple[int, BlockMeta, memoryview] | None = None,
+    ) -> tuple[_Write, IOOp] | None:
         if not self._admit(key, memoryview(payload).nbytes):
             return None
-        header, stored = pack_block(self.namespace, key, payload, meta)
+        header, stored = pack_block(self.namespace, key, payload, meta, encoded)
         plan = plan_write(header, stored, self._pool, direct=self.direct)
         opened = self._reserve(key, plan.size)
         if opened is None:

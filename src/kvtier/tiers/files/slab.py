@@ -128,6 +128,10 @@ class _Read:
     op: IOOp
 
 
+#: What encode_payload returns for a block: codec id, the meta naming it, the stored bytes.
+_Encoded = tuple[int, BlockMeta, memoryview]
+
+
 @dataclass(slots=True)
 class _Write:
     key: bytes
@@ -308,9 +312,18 @@ class SlabTier(FileTier):
             return results
         try:
             todo = self._ring_writes(items, results)
-            self._batch(
-                todo, lambda i: self._plan_write(*items[i]), self._publish, results, inline=False
-            )
+            ahead = self._encode_ahead(items, todo)
+            try:
+                self._batch(
+                    todo,
+                    lambda i: self._plan_write(*items[i], ahead.get(i) if ahead else None),
+                    self._publish,
+                    results,
+                    inline=False,
+                )
+            finally:
+                if ahead is not None:
+                    ahead.cancel()
         finally:
             self._notify_evictions()
         return results
@@ -507,12 +520,13 @@ class SlabTier(FileTier):
 
     # --- internals: writes -------------------------------------------------------------------
     def _prepare_block(
-        self, key: bytes, payload, meta: BlockMeta
+        self, key: bytes, payload, meta: BlockMeta, encoded: _Encoded | None = None
     ) -> tuple[_Entry, memoryview] | None:
-        """Admit, encode and place a block: its index entry-to-be (header, slot) and stored
-        bytes; None when not admitted or there is no room."""
+        """Admit, encode (unless ``encoded`` is its encode_payload) and place a block: its
+        index entry-to-be (header, slot) and stored bytes; None when not admitted or there is
+        no room."""
         raw = memoryview(payload).cast("B")
-        codec_id, meta, stored = encode_payload(raw, meta)
+        codec_id, meta, stored = encoded if encoded is not None else encode_payload(raw, meta)
         n = stored.nbytes
         with self._lock:
             if not self.ledger.admit(key, n, meta.value):
@@ -529,8 +543,10 @@ class SlabTier(FileTier):
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored
 
-    def _plan_write(self, key: bytes, payload, meta: BlockMeta) -> tuple[_Write, IOOp] | None:
-        planned = self._prepare_block(key, payload, meta)
+    def _plan_write(
+        self, key: bytes, payload, meta: BlockMeta, encoded: _Encoded | None = None
+    ) -> tuple[_Write, IOOp] | None:
+        planned = self._prepare_block(key, payload, meta, encoded)
         if planned is None:
             return None
         entry, stored = planned

@@ -19,6 +19,7 @@ from kvtier.run.vllm_job import (
     VllmRunConfig,
     kv_transfer_config,
     tier_urls,
+    tokens_held,
 )
 from kvtier.testing.cli import run_cli
 from kvtier.tiers.registry import check_tier_url
@@ -38,6 +39,8 @@ def test_config_checks():
         VllmRunConfig(concurrency=0)
     with pytest.raises(ConfigError, match="max model length"):
         VllmRunConfig(workload=LongContextSpec(chat_turns=30))
+    with pytest.raises(ConfigError, match="--disk-codec must be one of raw, kv, both"):
+        VllmRunConfig(disk_codec="zip")
 
 
 def test_the_connector_settings_name_both_tiers_and_the_records(tmp_path):
@@ -46,7 +49,7 @@ def test_the_connector_settings_name_both_tiers_and_the_records(tmp_path):
     assert paths.disk.parent == paths.run_dir
     urls = tier_urls(paths.shm, paths.disk, 300 << 20, (2 << 30) + 1)
     assert urls[0] == f"slab://{paths.shm}?size=300MiB&name=dram"
-    assert urls[1] == f"slab://{paths.disk}?size=2049MiB&name=disk"
+    assert urls[1] == f"slab://{paths.disk}?size=2049MiB&name=disk&codec=raw"
     for url in urls:
         check_tier_url(url)
     cfg = kv_transfer_config(urls, 256, paths.records)
@@ -70,9 +73,60 @@ def test_the_connector_settings_name_both_tiers_and_the_records(tmp_path):
     assert not paths.run_dir.exists()
 
 
+def test_a_codec_phase_has_its_own_tiers_and_the_disk_url_names_the_codec(tmp_path):
+    paths = RunPaths.new(tmp_path / "work", tmp_path / "shm")
+    other = paths.for_phase("kv")
+    assert other.run_dir == paths.run_dir
+    assert len({paths.shm, other.shm}) == len({paths.disk, other.disk}) == 2
+    assert other.records != paths.records and other.shm.parent == paths.shm.parent
+    urls = tier_urls(other.shm, other.disk, 64 << 20, 64 << 20, "kv")
+    assert urls[0] == f"slab://{other.shm}?size=64MiB&name=dram"  # host memory stays raw
+    assert urls[1] == f"slab://{other.disk}?size=64MiB&name=disk&codec=kv"
+    for url in urls:
+        check_tier_url(url)
+
+
+def test_tokens_held_counts_what_a_stopped_phases_tiers_keep(tmp_path):
+    """Each tier's folders are opened again and their blocks counted; the coded disk holds
+    the same blocks in fewer bytes; a folder that is not a tier is left out."""
+    import numpy as np
+
+    from kvtier.codec import BlockMeta
+    from kvtier.tiers.registry import open_tier
+
+    shape = (30, 2, 3, 256, 64)
+    rng = np.random.default_rng(1)
+    scale = np.exp2(rng.integers(-6, 3, size=(*shape[:-2], 1, shape[-1])))
+    x = (rng.standard_normal(shape, dtype=np.float32) * scale).view(np.uint32) >> 16
+    block = x.astype(np.uint16).view(np.uint8).ravel()
+    held = {}
+    for codec in ("raw", "kv"):
+        root = tmp_path / codec
+        urls = tier_urls(root / "shm", root / "disk", 64 << 20, 64 << 20, codec)
+        ns = bytes(range(16))
+        for url, n in zip(urls, (2, 5), strict=True):
+            tier = open_tier(url, ns)
+            for i in range(n):
+                assert tier.put(i.to_bytes(16, "little"), block, BlockMeta("bf16", shape))
+            tier.close()
+        infos = [
+            {"name": "dram", "path": str(root / "shm"), "bytes": 64 << 20},
+            {"name": "disk", "path": str(root / "disk"), "bytes": 64 << 20},
+            {"name": "gone", "path": str(root / "missing"), "bytes": 1},
+        ]
+        held[codec] = tokens_held(infos, [*urls, urls[1]], 256)
+    assert set(held["raw"]) == {"dram", "disk"}
+    assert held["raw"]["dram"]["blocks"] == 2 and held["raw"]["disk"]["tokens"] == 5 * 256
+    assert held["kv"]["disk"]["tokens"] == 5 * 256
+    assert held["raw"]["disk"]["capacity_bytes"] == 64 << 20
+    assert held["kv"]["disk"]["stored_bytes"] < 0.8 * held["raw"]["disk"]["stored_bytes"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--disk-codec", "zip"], "--disk-codec"),
+        (["--engine", "hf", "--disk-codec", "kv"], "not an option of --engine hf"),
         (["--concurrency", "0"], "--concurrency"),
         (["--scale", "2"], "--scale"),
         (["--dram-size", "lots"], "--dram-size"),

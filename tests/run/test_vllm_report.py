@@ -198,3 +198,47 @@ def test_summarize_phase_without_records_of_kvtier_waits():
     for r in kv.requests:
         r.load_wait_s = None
     assert summarize_phase(kv, lambda n: 0.0)["load_wait_s"] is None
+
+
+def test_a_codec_phase_reports_the_tokens_each_disk_held_and_what_they_bought():
+    r = report()
+    raw = r.phases[1]
+    raw.tiers = {
+        "held": {
+            "dram": {"blocks": 4, "tokens": 1024, "stored_bytes": 4 << 20, "capacity_bytes": 0},
+            "disk": {"blocks": 8, "tokens": 2048, "stored_bytes": 8 << 20, "capacity_bytes": 0},
+        }
+    }
+    coded = PhaseResult(
+        system="vllm+kvtier+codec",
+        startup_s=31.0,
+        warmup={},
+        wall_s=9.0,
+        requests=[
+            record("chat-0", 0, 2304, 2.0, {"vllm": 0, "dram": 0, "disk": 0}),
+            record("chat-0", 1, 2576, 0.5, {"vllm": 1024, "dram": 1280, "disk": 0}),
+            record("rag-0", 0, 4224, 0.6, {"vllm": 1024, "dram": 1024, "disk": 2176}),
+            record("code-0", 0, 5312, 0.9, {"vllm": 0, "dram": 0, "disk": 5312}),
+        ],
+        tiers={
+            "held": {
+                "disk": {"blocks": 12, "tokens": 3072, "stored_bytes": 8 << 20, "capacity_bytes": 0}
+            }
+        },
+    )
+    r.phases.append(coded)
+    s = r.summary()
+    assert s["systems"]["vllm+kvtier+codec"]["held_tokens"] == {"disk": 3072}
+    codec = s["codec"]
+    assert codec["disk_tokens_held"] == {"raw": 2048, "kv": 3072}
+    assert codec["disk_tokens_held_ratio"] == pytest.approx(1.5)
+    assert codec["disk_hit_tokens"] == {"raw": 7168, "kv": 7488}
+    assert codec["hit_fraction"]["kv"] > codec["hit_fraction"]["raw"]
+    assert codec["ttft_p50_ratio"] == pytest.approx(0.9 / 0.75)  # p50s: 0.9 s raw, 0.75 s coded
+    assert "compare" in s  # vLLM alone vs the first kvtier phase, as before
+    console = Console(record=True, width=200)
+    render(r, console)
+    text = console.export_text()
+    assert "vllm+kvtier+codec" in text and "tokens held at the end: disk" in text
+    assert "3072 (8 MiB)" in text and "tokens held 1.50× (3072 vs 2048)" in text
+    json.loads(r.to_json())

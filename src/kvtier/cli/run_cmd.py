@@ -39,7 +39,9 @@ HF_ONLY = (
     "doc_tokens", "rag_requests", "question_tokens", "agent_sessions", "agent_steps",
     "tool_tokens", "tool_pause",
 )  # fmt: skip
-VLLM_ONLY = ("pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir", "workload")
+VLLM_ONLY = (
+    "pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir", "workload", "disk_codec",
+)  # fmt: skip
 #: Defaults that differ by engine (None on the command line: the engine's own).
 HF_DEFAULTS = {"chunk_tokens": 64, "dram_size": "8MiB", "disk_size": "4GiB", "max_new_tokens": 6}
 
@@ -113,6 +115,14 @@ def run_command(
     shm_dir: Annotated[
         Path, typer.Option(help="vllm: where kvtier's host-memory tier lives (a tmpfs).")
     ] = Path("/dev/shm"),
+    disk_codec: Annotated[
+        str,
+        typer.Option(
+            help="vllm: the disk tier's codec= (raw, kv), or both: the kvtier phase twice, "
+            "raw then kv, the disk tier below the working set (half of it unless --disk-size), "
+            "for the tokens the codec lets it hold."
+        ),
+    ] = "raw",
     workload: Annotated[
         Path | None,
         typer.Option(
@@ -225,6 +235,7 @@ def run_command(
             scale=scale,
             kvtier=kvtier,
             shm_dir=shm_dir,
+            disk_codec=disk_codec,
             workload=workload,
             seed_given=_given(ctx, "seed"),
             keep=keep,
@@ -357,6 +368,7 @@ class VllmArgs:
             shm_dir=v["shm_dir"],
             kvtier=v["kvtier"],
             keep=v["keep"],
+            disk_codec=v["disk_codec"],
         )
 
 

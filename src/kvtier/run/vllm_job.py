@@ -64,6 +64,12 @@ from kvtier.workloads.longctx import LongContextSpec, Session, build_sessions
 CONNECTOR_MODULE = "kvtier.engines.vllm.connector"
 CONNECTOR_CLASS = "KVTierConnector"
 DEFAULT_DIR = Path(".kvtier") / "run"
+#: ``--disk-codec`` choices: the disk tier's codec in the kvtier phase, or both (two phases).
+DISK_CODECS = ("raw", "kv", "both")
+#: The kvtier phase's system name by disk codec when both run.
+CODEC_SYSTEMS = {"raw": "vllm+kvtier", "kv": "vllm+kvtier+codec"}
+#: With both disk codecs and no --disk-size: the disk tier's size as a fraction of the working set.
+CODEC_DISK_FRACTION = 0.5
 #: Cold prompts timed at each server's start; the first only warms the engine up.
 WARMUP_LENGTHS = (512, 1024, 2048, 4096)
 #: The prompt length the reported prefill speed refers to.
@@ -86,7 +92,10 @@ class VllmRunConfig:
     it (else it runs as given). ``dram_size``/``disk_size``: kvtier's tiers in bytes (None: sized
     from the workload's working set). ``kvtier``: run the kvtier phase (None: when the connector
     is installed). ``keep``: leave the run's folder (logs, records, disk tier) and the
-    ``/dev/shm`` tier in place.
+    ``/dev/shm`` tier in place. ``disk_codec``: the disk tier's ``codec=`` in the kvtier phase;
+    ``both`` runs that phase twice on the same tier sizes, raw (``vllm+kvtier``) then coded
+    (``vllm+kvtier+codec``), with the disk tier below the working set (half of it unless
+    ``disk_size`` is given) so that what the codec lets it hold shows in tokens.
     """
 
     workload: LongContextSpec = field(default_factory=LongContextSpec)
@@ -102,6 +111,7 @@ class VllmRunConfig:
     shm_dir: Path = Path("/dev/shm")
     kvtier: bool | None = None
     keep: bool = False
+    disk_codec: str = "raw"
     warmup_lengths: tuple[int, ...] = WARMUP_LENGTHS
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 300.0
@@ -121,6 +131,10 @@ class VllmRunConfig:
             )
         if self.budget_s <= 0:
             raise ConfigError("--budget must be positive")
+        if self.disk_codec not in DISK_CODECS:
+            raise ConfigError(
+                f"--disk-codec must be one of {', '.join(DISK_CODECS)}, got {self.disk_codec!r}"
+            )
         for option, size in (("--dram-size", self.dram_size), ("--disk-size", self.disk_size)):
             if size is not None and size < 1:
                 raise ConfigError(f"{option} must be positive")
@@ -166,12 +180,48 @@ def _mib(n: int) -> str:
     return f"{-(-n // (1 << 20))}MiB"
 
 
-def tier_urls(shm: Path, disk: Path, dram_bytes: int, disk_bytes: int) -> list[str]:
-    """kvtier's tiers: a host-memory ``slab://`` in ``shm``, then a ``slab://`` on disk."""
+def tier_urls(
+    shm: Path, disk: Path, dram_bytes: int, disk_bytes: int, disk_codec: str = "raw"
+) -> list[str]:
+    """kvtier's tiers: a host-memory ``slab://`` in ``shm`` (raw: the connector opens a tier
+    raw unless its URL names a codec), then a ``slab://`` on disk stored with ``disk_codec``
+    (named, so the URL means the same wherever it is opened)."""
     return [
         f"slab://{shm}?size={_mib(dram_bytes)}&name=dram",
-        f"slab://{disk}?size={_mib(disk_bytes)}&name=disk",
+        f"slab://{disk}?size={_mib(disk_bytes)}&name=disk&codec={disk_codec}",
     ]
+
+
+def tokens_held(tiers: list[dict[str, Any]], urls: list[str], chunk_tokens: int) -> dict:
+    """What each file tier of a finished phase holds: blocks, their tokens (whole chunks), the
+    bytes they take and the tier's capacity, by tier name. Read by opening each namespace
+    folder of the tier again once its server has stopped; a tier that cannot be read is left
+    out."""
+    from kvtier.tiers.registry import open_tier
+
+    held: dict[str, dict[str, int]] = {}
+    for info, url in zip(tiers, urls, strict=True):
+        blocks = used = capacity = 0
+        try:
+            folders = [d for d in Path(info["path"]).iterdir() if d.is_dir()]
+            for folder in folders:
+                tier = open_tier(url, bytes.fromhex(folder.name))
+                try:
+                    usage = tier.usage()
+                finally:
+                    tier.close()
+                blocks += usage.blocks
+                used += usage.used_bytes
+                capacity = usage.capacity_bytes
+        except (OSError, ValueError, KvtierError):
+            continue
+        held[info["name"]] = {
+            "blocks": blocks,
+            "tokens": blocks * chunk_tokens,
+            "stored_bytes": used,
+            "capacity_bytes": capacity or int(info["bytes"]),
+        }
+    return held
 
 
 def warm_up(
@@ -366,12 +416,22 @@ class RunPaths:
             run_dir, Path(shm_dir) / f"kvtier-{run_id}", run_dir / "disk", run_dir / "records.jsonl"
         )
 
-    def clean(self, keep: bool, ok: bool) -> None:
-        """Remove both tiers, and the logs too when the run went well (unless ``keep``)."""
+    def for_phase(self, suffix: str) -> RunPaths:
+        """Another phase's own tiers and records, in the same run folder."""
+        return RunPaths(
+            self.run_dir,
+            self.shm.with_name(f"{self.shm.name}-{suffix}"),
+            self.run_dir / f"disk-{suffix}",
+            self.run_dir / f"records-{suffix}.jsonl",
+        )
+
+    def clean(self, keep: bool, ok: bool, run_dir: bool = True) -> None:
+        """Remove both tiers, and the logs too when the run went well (unless ``keep``;
+        ``run_dir=False``: only the tiers)."""
         if keep:
             return
         shutil.rmtree(self.shm, ignore_errors=True)
-        shutil.rmtree(self.run_dir if ok else self.disk, ignore_errors=True)
+        shutil.rmtree(self.run_dir if ok and run_dir else self.disk, ignore_errors=True)
 
 
 class _Steps:
@@ -407,7 +467,9 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
         notes.append(f"kvtier's vLLM connector ({CONNECTOR_MODULE}) is not installed: vLLM alone")
     paths = RunPaths.new(config.work_dir, config.shm_dir)
     paths.run_dir.mkdir(parents=True, exist_ok=True)
-    servers = 2 if use_kvtier else 1
+    codecs = ["raw", "kv"] if config.disk_codec == "both" else [config.disk_codec]
+    kvtier_phases = len(codecs) if use_kvtier else 0
+    servers = 1 + kvtier_phases
     warm = len(config.warmup_lengths)
     steps = _Steps(progress, (1 + warm) * servers + config.workload.requests() * servers)
     base_server = ServerConfig(
@@ -417,6 +479,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
         startup_timeout_s=config.startup_timeout_s,
     )
     phases: list[PhaseResult] = []
+    extra_paths: list[RunPaths] = []
     tiers_info: dict[str, Any] = {}
     ok = False
     try:
@@ -429,7 +492,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
             )
             steps.tick("vLLM: warm-up", warm - 1)
             sizing = _size(
-                config, speed, began, server.startup_s + warm_info["seconds"], use_kvtier
+                config, speed, began, server.startup_s + warm_info["seconds"], kvtier_phases
             )
             steps.total = (1 + warm) * servers + sizing.requests * servers
             phases.append(
@@ -437,31 +500,41 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
             )
         notes += list(sizing.notes)
         if use_kvtier:
+            disk_factor = CODEC_DISK_FRACTION if len(codecs) > 1 else 2.0
             dram_b, disk_b = tier_bytes(
-                sizing.working_set_tokens, kv_per_token, config.chunk_tokens
+                sizing.working_set_tokens, kv_per_token, config.chunk_tokens, 0.6, disk_factor
             )
-            tiers_info = _tiers_info(
-                paths, config.dram_size or dram_b, config.disk_size or disk_b, config.chunk_tokens
-            )
+            sizes = (config.dram_size or dram_b, config.disk_size or disk_b)
+            tiers_info = _tiers_info(paths, *sizes, config.chunk_tokens, codecs[0])
             tiers_info["chunk_bytes"] = config.chunk_tokens * kv_per_token
             tiers_info["working_set_bytes"] = sizing.working_set_tokens * kv_per_token
-            transfer = kv_transfer_config(tiers_info["urls"], config.chunk_tokens, paths.records)
-            try:
-                phase = _kvtier_phase(
-                    replace(base_server, kv_transfer_config=transfer),
-                    paths,
-                    sizing.spec,
-                    keyer,
-                    config,
-                    steps,
-                )
-            except KvtierError as exc:
-                failed.append(f"vLLM + kvtier: {exc}")
-            else:
+            tiers_info["disk_codecs"] = codecs
+            for k, codec in enumerate(codecs):
+                phase_paths = paths if k == 0 else paths.for_phase(codec)
+                if k:
+                    extra_paths.append(phase_paths)
+                system = CODEC_SYSTEMS[codec] if len(codecs) > 1 else "vllm+kvtier"
+                try:
+                    phase = _kvtier_phase(
+                        system,
+                        base_server,
+                        phase_paths,
+                        sizes,
+                        codec,
+                        sizing.spec,
+                        keyer,
+                        config,
+                        steps,
+                    )
+                except KvtierError as exc:
+                    failed.append(f"{_label(system)}: {exc}")
+                    break
                 notes += phase.notes
                 phases.append(phase)
         ok = not failed
     finally:
+        for extra in extra_paths:
+            extra.clean(config.keep, ok, run_dir=False)
         paths.clean(config.keep, ok)
     if config.keep or not ok:
         notes.append(f"logs and records in {paths.run_dir}")
@@ -500,9 +573,11 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
     )
 
 
-def _tiers_info(paths: RunPaths, dram_b: int, disk_b: int, chunk_tokens: int) -> dict[str, Any]:
+def _tiers_info(
+    paths: RunPaths, dram_b: int, disk_b: int, chunk_tokens: int, disk_codec: str = "raw"
+) -> dict[str, Any]:
     return {
-        "urls": tier_urls(paths.shm, paths.disk, dram_b, disk_b),
+        "urls": tier_urls(paths.shm, paths.disk, dram_b, disk_b, disk_codec),
         "tiers": [
             {"name": "dram", "size": _mib(dram_b), "bytes": dram_b, "path": str(paths.shm)},
             {"name": "disk", "size": _mib(disk_b), "bytes": disk_b, "path": str(paths.disk)},
@@ -511,34 +586,60 @@ def _tiers_info(paths: RunPaths, dram_b: int, disk_b: int, chunk_tokens: int) ->
     }
 
 
+def _label(system: str) -> str:
+    """A phase's name as the progress bar and errors show it."""
+    return {
+        "vllm": "vLLM",
+        "vllm+kvtier": "vLLM + kvtier",
+        "vllm+kvtier+codec": "vLLM + kvtier (disk codec)",
+    }.get(system, system)
+
+
 def _kvtier_phase(
-    server_config: ServerConfig,
+    system: str,
+    base_server: ServerConfig,
     paths: RunPaths,
+    sizes: tuple[int, int],
+    disk_codec: str,
     spec: LongContextSpec,
     keyer: ChunkKeyer,
     config: VllmRunConfig,
     steps: _Steps,
 ) -> PhaseResult:
-    """The vLLM + kvtier phase, its requests joined to the connector's records."""
-    steps.tick("starting vLLM + kvtier", 0)
-    with VllmServer(server_config, paths.run_dir / "vllm-kvtier.log") as server:
-        steps.tick("vLLM + kvtier: warm-up")
+    """A vLLM + kvtier phase on fresh tiers, its requests joined to the connector's records,
+    with what each tier held at its end."""
+    info = _tiers_info(paths, *sizes, config.chunk_tokens, disk_codec)
+    urls = info["urls"]
+    transfer = kv_transfer_config(urls, config.chunk_tokens, paths.records)
+    server_config = replace(base_server, kv_transfer_config=transfer)
+    label = _label(system)
+    steps.tick(f"starting {label}", 0)
+    suffix = "" if disk_codec == "raw" else f"-{disk_codec}"
+    log = paths.run_dir / f"vllm-kvtier{suffix}.log"
+    with VllmServer(server_config, log) as server:
+        steps.tick(f"{label}: warm-up")
         model = served_model(server.base_url)
         _, warm = warm_up(server.base_url, model, config.warmup_lengths, config.workload)
-        steps.tick("vLLM + kvtier: warm-up", len(config.warmup_lengths) - 1)
-        phase = _phase("vllm+kvtier", server, model, spec, keyer, config, warm, steps)
+        steps.tick(f"{label}: warm-up", len(config.warmup_lengths) - 1)
+        phase = _phase(system, server, model, spec, keyer, config, warm, steps)
     phase.notes += attach_connector_records(phase.requests, read_connector_records(paths.records))
+    phase.tiers = {
+        "urls": urls,
+        "disk_codec": disk_codec,
+        "held": tokens_held(info["tiers"], urls, config.chunk_tokens),
+    }
     return phase
 
 
 def _size(
-    config: VllmRunConfig, speed: EngineSpeed, began: float, next_start_s: float, kvtier: bool
+    config: VllmRunConfig, speed: EngineSpeed, began: float, next_start_s: float, kvtier: int
 ) -> Sizing:
+    """The workload fitted to the budget: one vLLM-alone phase and ``kvtier`` kvtier phases."""
     budget = TimeBudget(
         total_s=config.budget_s,
         spent_s=time.perf_counter() - began,
-        next_start_s=next_start_s if kvtier else 0.0,
-        kvtier_factor=1.0 if kvtier else 0.0,
+        next_start_s=next_start_s * kvtier,
+        kvtier_factor=float(kvtier),
     )
     pool_tokens = config.pool_blocks * BLOCK_TOKENS
     if not config.fit_budget:
@@ -556,7 +657,7 @@ def _phase(
     warm: dict[str, Any],
     steps: _Steps,
 ) -> PhaseResult:
-    label = "vLLM + kvtier: requests" if system != "vllm" else "vLLM: requests"
+    label = f"{_label(system)}: requests"
     steps.tick(label, 0)
     before = scrape_metrics(server.base_url)
     records, errors, wall = run_phase(
@@ -597,8 +698,10 @@ def _config_dict(config: VllmRunConfig, kvtier: bool) -> dict[str, Any]:
 
 
 __all__ = [
+    "CODEC_SYSTEMS",
     "CONNECTOR_MODULE",
     "DEFAULT_DIR",
+    "DISK_CODECS",
     "RunPaths",
     "VllmRunConfig",
     "attach_connector_records",
@@ -608,5 +711,6 @@ __all__ = [
     "run_phase",
     "run_vllm_job",
     "tier_urls",
+    "tokens_held",
     "warm_up",
 ]

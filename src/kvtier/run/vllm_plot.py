@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kvtier.run.vllm_report import ENGINE_TIER, VllmRunReport
 
-COLORS = {"vllm": "#c0504d", "vllm+kvtier": "#4f81bd"}
+COLORS = {"vllm": "#c0504d", "vllm+kvtier": "#4f81bd", "vllm+kvtier+codec": "#9bbb59"}
 SOURCE_COLORS = {
     "computed": "#bbbbbb",
     ENGINE_TIER: "#9bbb59",

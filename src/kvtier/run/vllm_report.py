@@ -17,7 +17,7 @@ from typing import Any
 SCHEMA = "kvtier.run.vllm/1"
 #: The engine's own prefix cache in a record's ``hit_tokens`` (the others are kvtier's tiers).
 ENGINE_TIER = "vllm"
-SYSTEMS = ("vllm", "vllm+kvtier")
+SYSTEMS = ("vllm", "vllm+kvtier", "vllm+kvtier+codec")
 
 
 @dataclass
@@ -75,6 +75,7 @@ class PhaseResult:
     metrics_after: dict[str, float] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tiers: dict[str, Any] = field(default_factory=dict)  # kvtier's tier URLs and what they held
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class PhaseResult:
             "warmup": self.warmup,
             "wall_s": self.wall_s,
             "server": self.server,
+            "tiers": self.tiers,
             "notes": self.notes,
             "errors": self.errors,
             "metrics_delta": self.metrics,
@@ -148,6 +150,8 @@ def summarize_phase(phase: PhaseResult, saved_s) -> dict[str, Any]:
         "engine_prefix_hits": _metric(m, "vllm:prefix_cache_hits_total"),
         "engine_external_hits": _metric(m, "vllm:external_prefix_cache_hits_total"),
         "preemptions": _metric(m, "vllm:num_preemptions_total"),
+        "held_tokens": {t: h["tokens"] for t, h in phase.tiers.get("held", {}).items()},
+        "held_bytes": {t: h["stored_bytes"] for t, h in phase.tiers.get("held", {}).items()},
     }
 
 
@@ -194,6 +198,9 @@ class VllmRunReport:
                 "computed_tokens_ratio": _ratio(base["computed_tokens"], kv["computed_tokens"]),
                 "answers": same_answers(self.phases[0], self.phases[1]),
             }
+        coded = systems.get("vllm+kvtier+codec")
+        if kv and coded:
+            out["codec"] = codec_compare(kv, coded)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,6 +221,23 @@ class VllmRunReport:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=_jsonable)
+
+
+def codec_compare(raw: dict[str, Any], coded: dict[str, Any]) -> dict[str, Any]:
+    """The disk codec's effect (two kvtier phases' summaries, its disk raw then coded): tokens
+    the same disk tier held, the hit fraction and TTFT each got."""
+    raw_disk, coded_disk = raw["held_tokens"].get("disk"), coded["held_tokens"].get("disk")
+    return {
+        "disk_tokens_held": {"raw": raw_disk, "kv": coded_disk},
+        "disk_tokens_held_ratio": _ratio(coded_disk, raw_disk),
+        "hit_fraction": {"raw": raw["hit_fraction"], "kv": coded["hit_fraction"]},
+        "disk_hit_tokens": {
+            "raw": raw["hit_tokens"].get("disk", 0),
+            "kv": coded["hit_tokens"].get("disk", 0),
+        },
+        "ttft_p50_ratio": _ratio(raw["ttft_p50_s"], coded["ttft_p50_s"]),
+        "ttft_p95_ratio": _ratio(raw["ttft_p95_s"], coded["ttft_p95_s"]),
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -286,6 +310,11 @@ def render(report: VllmRunReport, console: Any) -> None:
     for tier in tiers:
         label = "hit tokens: vLLM pool" if tier == ENGINE_TIER else f"hit tokens: kvtier {tier}"
         rows.append((label, lambda x, t=tier: str(x["hit_tokens"].get(t, 0))))
+    held = sorted({t for n in names for t in systems[n]["held_tokens"]}, key=_tier_order)
+    for tier in held:
+        rows.append(
+            (f"tokens held at the end: {tier}", lambda x, t=tier: _held(x, t)),
+        )
     rows += [
         ("prompt tokens computed", lambda x: str(x["computed_tokens"])),
         ("prefill seconds saved", lambda x: _n(x["prefill_saved_s"], 1)),
@@ -305,11 +334,29 @@ def render(report: VllmRunReport, console: Any) -> None:
             f"computed {_n(cmp['computed_tokens_ratio'])}×; same answers on "
             f"{ans['same']}/{ans['compared']} requests"
         )
+    codec = s.get("codec")
+    if codec:
+        held_tokens, hit = codec["disk_tokens_held"], codec["hit_fraction"]
+        console.print(
+            f"disk codec kv ÷ raw (same disk tier size): tokens held "
+            f"{_n(codec['disk_tokens_held_ratio'])}× ({held_tokens['kv']} vs "
+            f"{held_tokens['raw']}); hit fraction {_n(hit['kv'], 3)} vs {_n(hit['raw'], 3)}; "
+            f"TTFT p50 {_n(codec['ttft_p50_ratio'])}×, p95 {_n(codec['ttft_p95_ratio'])}× "
+            "(above 1: the codec better)"
+        )
     for note in report.notes:
         console.print(f"[yellow]note[/]: {note}")
     for failure in report.failed:
         console.print(f"[red]failed[/]: {failure.splitlines()[0]}")
     console.print(f"run took {report.wall_s:.0f} s")
+
+
+def _held(summary: dict[str, Any], tier: str) -> str:
+    tokens = summary["held_tokens"].get(tier)
+    if tokens is None:
+        return "–"
+    stored = summary["held_bytes"].get(tier, 0)
+    return f"{tokens} ({stored / (1 << 20):.0f} MiB)"
 
 
 def _tier_order(name: str) -> tuple[int, str]:
@@ -324,6 +371,7 @@ __all__ = [
     "PhaseResult",
     "RequestRecord",
     "VllmRunReport",
+    "codec_compare",
     "percentile",
     "render",
     "same_answers",

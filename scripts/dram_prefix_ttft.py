@@ -44,7 +44,7 @@ def _ttft(base: str, model: str, prompt: list[int]) -> float:
 
 def main() -> None:
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefix", type=int, default=8000)
@@ -54,15 +54,7 @@ def main() -> None:
     folder, _, _ = embedded_model_folder()
     shm = Path(f"/dev/shm/kvtier-ttft-{uuid.uuid4().hex[:8]}")
     disk = Path(f"/tmp/kvtier-ttft-{uuid.uuid4().hex[:8]}")
-    connector = {
-        "kv_connector": "KVTierConnector",
-        "kv_connector_module_path": "kvtier.engines.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "tiers": [f"slab://{shm}?size=1GiB", f"slab://{disk}?size=2GiB"]
-        },
-    }
+    connector = connector_config([f"slab://{shm}?size=1GiB", f"slab://{disk}?size=2GiB"])
     config = ServerConfig(
         folder,
         max_model_len=min(8192, args.prefix + 512),

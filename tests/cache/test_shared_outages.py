@@ -18,9 +18,9 @@ from kvtier.testing.cache_conformance import (
     CHUNK_BYTES,
     META,
     NAMESPACE,
-    SHAPE,
     chunk_keys,
     kv_chunk,
+    load_checked,
 )
 from kvtier.tiers.registry import open_tier
 
@@ -40,11 +40,7 @@ def _request(cache: TieredCache, n: int) -> tuple[int, float]:
     """One request: look up, load the hit prefix (checked), store all chunks. (loaded, secs)."""
     keys = chunk_keys(CHUNKS, start=n * 1_000_000)
     began = time.perf_counter()
-    found = cache.lookup(keys)
-    outs = [np.zeros(SHAPE, np.uint16) for _ in keys]
-    loaded = cache.load(keys, outs, found).loaded
-    for key, out in zip(keys[:loaded], outs, strict=False):
-        assert np.array_equal(out, kv_chunk(key)), "a loaded chunk is not what was stored"
+    loaded = load_checked(cache, keys)
     cache.store(keys[loaded:], [kv_chunk(k) for k in keys[loaded:]], META)
     return loaded, time.perf_counter() - began
 

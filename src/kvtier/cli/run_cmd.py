@@ -119,8 +119,8 @@ def run_command(
         str,
         typer.Option(
             help="vllm: the disk tier's codec= (raw, kv), or both: the kvtier phase twice, "
-            "raw then kv, the disk tier below the working set (half of it unless --disk-size), "
-            "for the tokens the codec lets it hold."
+            "raw then kv, the tiers below the working set (DRAM a quarter, disk half of it, "
+            "unless sized), for the tokens and hits the codec buys."
         ),
     ] = "raw",
     workload: Annotated[

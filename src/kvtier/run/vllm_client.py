@@ -216,6 +216,18 @@ def parse_metrics(text: str, prefixes: tuple[str, ...] = METRIC_PREFIXES) -> dic
     return out
 
 
+def metric_total(metrics: Mapping[str, float], name: str, **labels: str) -> float:
+    """The sum of series ``name`` in :func:`parse_metrics`'s output over its label sets (those
+    carrying every one of ``labels``); 0 when it is absent."""
+    want = {f"{k}={v}" for k, v in labels.items()}
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base == name and want <= set(rest.rstrip("}").split(",") if rest else ()):
+            total += value
+    return total
+
+
 def scrape_metrics(base_url: str, timeout_s: float = 10) -> dict[str, float]:
     """The server's ``/metrics`` as :func:`parse_metrics` gives it ({} when it cannot be read)."""
     import httpx
@@ -255,6 +267,7 @@ __all__ = [
     "complete",
     "complete_sync",
     "completion_body",
+    "metric_total",
     "metrics_delta",
     "parse_metrics",
     "prompt_hash",

@@ -34,8 +34,10 @@ from kvtier.bench.env import cpu_description
 from kvtier.engines.embedded import embedded_model_folder
 from kvtier.engines.vllm.server import (
     BLOCK_TOKENS,
+    CONNECTOR_MODULE,
     ServerConfig,
     VllmServer,
+    connector_config,
     min_pool_blocks,
 )
 from kvtier.errors import ConfigError, KvtierError
@@ -61,14 +63,14 @@ from kvtier.run.vllm_sizing import (
 from kvtier.specs.model import model_from_hf_config
 from kvtier.workloads.longctx import LongContextSpec, Session, build_sessions
 
-CONNECTOR_MODULE = "kvtier.engines.vllm.connector"
-CONNECTOR_CLASS = "KVTierConnector"
 DEFAULT_DIR = Path(".kvtier") / "run"
 #: ``--disk-codec`` choices: the disk tier's codec in the kvtier phase, or both (two phases).
 DISK_CODECS = ("raw", "kv", "both")
 #: The kvtier phase's system name by disk codec when both run.
 CODEC_SYSTEMS = {"raw": "vllm+kvtier", "kv": "vllm+kvtier+codec"}
-#: With both disk codecs and no --disk-size: the disk tier's size as a fraction of the working set.
+#: With both disk codecs: the tiers' sizes as fractions of the working set (unless given), small
+#: enough that the disk tier serves hits and that neither disk holds the whole working set.
+CODEC_DRAM_FRACTION = 0.25
 CODEC_DISK_FRACTION = 0.5
 #: Cold prompts timed at each server's start; the first only warms the engine up.
 WARMUP_LENGTHS = (512, 1024, 2048, 4096)
@@ -94,8 +96,8 @@ class VllmRunConfig:
     is installed). ``keep``: leave the run's folder (logs, records, disk tier) and the
     ``/dev/shm`` tier in place. ``disk_codec``: the disk tier's ``codec=`` in the kvtier phase;
     ``both`` runs that phase twice on the same tier sizes, raw (``vllm+kvtier``) then coded
-    (``vllm+kvtier+codec``), with the disk tier below the working set (half of it unless
-    ``disk_size`` is given) so that what the codec lets it hold shows in tokens.
+    (``vllm+kvtier+codec``), with both tiers below the working set (a quarter and a half of it
+    unless given) so that what the codec lets the disk hold shows in tokens and in disk hits.
     """
 
     workload: LongContextSpec = field(default_factory=LongContextSpec)
@@ -161,19 +163,9 @@ def connector_available() -> bool:
 
 
 def kv_transfer_config(tiers: list[str], chunk_tokens: int, records: Path) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` for kvtier's connector over ``tiers`` (fast→slow)."""
-    return {
-        "kv_connector": CONNECTOR_CLASS,
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "tiers": tiers,
-            "chunk_tokens": chunk_tokens,
-            "preload": True,
-            "records": str(records),
-        },
-    }
+    """vLLM's ``--kv-transfer-config`` for kvtier's connector over ``tiers`` (fast→slow), with
+    preloading on and its per-request records in ``records``."""
+    return connector_config(tiers, chunk_tokens=chunk_tokens, preload=True, records=str(records))
 
 
 def _mib(n: int) -> str:
@@ -500,9 +492,13 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
             )
         notes += list(sizing.notes)
         if use_kvtier:
-            disk_factor = CODEC_DISK_FRACTION if len(codecs) > 1 else 2.0
+            both = len(codecs) > 1
             dram_b, disk_b = tier_bytes(
-                sizing.working_set_tokens, kv_per_token, config.chunk_tokens, 0.6, disk_factor
+                sizing.working_set_tokens,
+                kv_per_token,
+                config.chunk_tokens,
+                CODEC_DRAM_FRACTION if both else 0.6,
+                CODEC_DISK_FRACTION if both else 2.0,
             )
             sizes = (config.dram_size or dram_b, config.disk_size or disk_b)
             tiers_info = _tiers_info(paths, *sizes, config.chunk_tokens, codecs[0])
@@ -540,11 +536,12 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
         notes.append(f"logs and records in {paths.run_dir}")
     load_after = _load_average()
     cpus = os.cpu_count() or 1
-    busiest = max(load_before[:1] + load_after[:1], default=0.0)
-    if busiest > cpus:
+    # the load before the run: afterwards the 1-minute average is mostly the engine's own
+    busiest = load_before[0] if load_before else 0.0
+    if busiest > cpus / 2:
         notes.append(
-            f"the machine was busy (load average {busiest:.1f} on {cpus} cores): other work "
-            "shared the CPU with the engine, so the timings are noisy"
+            f"the machine was busy before the run (load average {busiest:.1f} on {cpus} "
+            "cores): other work may share the CPU with the engine, so the timings are noisy"
         )
 
     return VllmRunReport(

@@ -66,6 +66,16 @@ def assert_loaded(keys: Sequence[bytes], outs: Sequence[np.ndarray], loaded: int
         assert np.array_equal(out, kv_chunk(key)), f"chunk {i} does not hold its own KV bytes"
 
 
+def load_checked(cache: TieredCache, keys: Sequence[bytes]) -> int:
+    """Look ``keys`` up, load the hit prefix into fresh buffers and check every loaded chunk
+    against its own KV bytes; how many chunks loaded."""
+    found = cache.lookup(keys)
+    outs = buffers(len(keys))
+    loaded = cache.load(keys, outs, found).loaded
+    assert_loaded(keys, outs, loaded)
+    return loaded
+
+
 def store_all(cache: TieredCache, keys: Sequence[bytes]) -> int:
     """Store the KV chunks of ``keys`` and wait for the background writes."""
     queued = cache.store(keys, [kv_chunk(k) for k in keys], META)

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block, unpack_into
+from kvtier.codec import BlockError, BlockHeader, BlockMeta, unpack_into
 from kvtier.codec.container import RAW_META
 from kvtier.codec.parallel import Decoders
 from kvtier.errors import TierUnavailableError
@@ -65,13 +65,6 @@ def key_of(name: str) -> bytes | None:
     except ValueError:
         return None
     return key if len(key) == 16 else None
-
-
-def encode(namespace: bytes, key: bytes, payload, meta: BlockMeta) -> bytes:
-    """One block as the bytes of one object: the container's header, then its stored payload
-    (for stores whose clients take one buffer per object)."""
-    header, stored = pack_block(namespace, key, payload, meta)
-    return b"".join((header, stored))
 
 
 def decode(namespace: bytes, key: bytes, data, out) -> BlockHeader:
@@ -148,7 +141,6 @@ __all__ = [
     "SharedTier",
     "batches",
     "decode",
-    "encode",
     "key_of",
     "object_name",
     "open_or_degrade",

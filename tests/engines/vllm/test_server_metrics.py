@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import urllib.request
 import uuid
 
 import pytest
 
-
-def _complete(base: str, model: str, prompt: list[int]) -> dict:
-    body = json.dumps(
-        {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    ).encode()
-    req = urllib.request.Request(
-        f"{base}/v1/completions", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        return json.loads(resp.read())
+from kvtier.run.vllm_client import complete_sync, metric_total, parse_metrics
 
 
 def _metrics(base: str) -> str:
@@ -26,30 +16,15 @@ def _metrics(base: str) -> str:
         return resp.read().decode()
 
 
-def _value(text: str, series: str) -> float:
-    """The sum of every sample of ``series`` (all label sets)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(series + "{") or line.startswith(series + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_the_servers_metrics_carry_kvtiers_series(text_tokens, tmp_path):
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
 
     shm = f"/dev/shm/kvtier-test-{uuid.uuid4().hex[:8]}"
     folder, _, _ = embedded_model_folder()
-    connector = {
-        "kv_connector": "KVTierConnector",
-        "kv_connector_module_path": "kvtier.engines.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "tiers": [f"slab://{shm}?size=128MiB", f"slab://{tmp_path}/disk?size=512MiB"]
-        },
-    }
+    connector = connector_config(
+        [f"slab://{shm}?size=128MiB", f"slab://{tmp_path}/disk?size=512MiB"]
+    )
     config = ServerConfig(
         folder,
         max_model_len=2048,
@@ -59,22 +34,24 @@ def test_the_servers_metrics_carry_kvtiers_series(text_tokens, tmp_path):
     prompt = text_tokens[:600]
     try:
         with VllmServer(config, tmp_path / "server.log") as server:
-            first = _complete(server.base_url, server.model_name, prompt)
-            second = _complete(server.base_url, server.model_name, prompt)
+            first = complete_sync(server.base_url, server.model_name, prompt, 8)
+            second = complete_sync(server.base_url, server.model_name, prompt, 8)
             text = _metrics(server.base_url)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-    assert first["choices"][0]["text"] == second["choices"][0]["text"]
-    for series in (
+    assert first.output_ids == second.output_ids
+    series = parse_metrics(text, ("kvtier_", "vllm:"))
+    names = {key.partition("{")[0] for key in series}
+    for name in (
         "kvtier_loaded_tokens_total",
         "kvtier_stored_chunks_total",
         "kvtier_tier_hit_tokens_total",
         "kvtier_kv_wait_seconds_count",
     ):
-        assert series in text, f"{series} is not on /metrics"
-    assert _value(text, "kvtier_loaded_tokens_total") == 512  # two 256-token chunks reloaded
-    assert _value(text, "kvtier_stored_chunks_total") >= 2
-    assert 'tier="host"' in text
-    assert _value(text, "kvtier_kv_wait_seconds_count") == 1
-    if "vllm:" not in text:
+        assert name in names, f"{name} is not on /metrics"
+    assert metric_total(series, "kvtier_loaded_tokens_total") == 512  # two chunks reloaded
+    assert metric_total(series, "kvtier_stored_chunks_total") >= 2
+    assert metric_total(series, "kvtier_tier_hit_tokens_total", tier="host") == 512
+    assert metric_total(series, "kvtier_kv_wait_seconds_count") == 1
+    if not any(name.startswith("vllm:") for name in names):
         pytest.fail("vLLM's own series are missing: kvtier's must sit next to them")

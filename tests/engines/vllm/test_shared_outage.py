@@ -6,14 +6,13 @@ outage is on ``/metrics``, and Redis serves KV again within 5 s of answering aga
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-import urllib.request
 import uuid
 
 import pytest
 
+from kvtier.run.vllm_client import complete_sync, metric_total, scrape_metrics
 from kvtier.testing import services
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -23,26 +22,13 @@ RESUME_S = 5.0
 TIMEOUT_S = 0.1  # the tier's bound on one operation (its default)
 
 
-def _complete(base: str, model: str, prompt: list[int]) -> str:
-    body = json.dumps(
-        {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    ).encode()
-    req = urllib.request.Request(
-        f"{base}/v1/completions", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        return json.loads(resp.read())["choices"][0]["text"]
+def _complete(base: str, model: str, prompt: list[int]) -> list[int]:
+    return complete_sync(base, model, prompt, 8, timeout_s=300).output_ids
 
 
 def _series(base: str, name: str) -> float:
     """The sum of kvtier's counter ``name`` for the Redis tier on ``/metrics``."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(f"kvtier_{name}_total{{") and 'tier="redis"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_total(scrape_metrics(base, 30), f"kvtier_{name}_total", tier="redis")
 
 
 def _until(check, timeout_s: float, what: str) -> float:
@@ -57,19 +43,13 @@ def _until(check, timeout_s: float, what: str) -> float:
 
 def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
 
     redis = services.start_redis(tmp_path / "redis")
     tag = uuid.uuid4().hex[:8]
-    connector = {
-        "kv_connector": "KVTierConnector",
-        "kv_connector_module_path": "kvtier.engines.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "tiers": [f"{redis.url}?prefix=outage-{tag}&timeout={TIMEOUT_S}&name=redis"]
-        },
-    }
+    connector = connector_config(
+        [f"{redis.url}?prefix=outage-{tag}&timeout={TIMEOUT_S}&name=redis"]
+    )
     folder, _, _ = embedded_model_folder()
     config = ServerConfig(
         folder,

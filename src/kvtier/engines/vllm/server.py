@@ -29,6 +29,22 @@ from kvtier.errors import ConfigError, KvtierError
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
 BLOCK_TOKENS = 128
 MODULE = "vllm.entrypoints.openai.api_server"
+#: kvtier's connector as vLLM loads it out of tree.
+CONNECTOR_MODULE = "kvtier.engines.vllm.connector"
+CONNECTOR_CLASS = "KVTierConnector"
+
+
+def connector_config(tiers: list[str], **options: Any) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` for kvtier's connector over ``tiers`` (fast→slow), a load
+    that fails recomputed; ``options`` are more ``kv_connector_extra_config`` keys
+    (``chunk_tokens``, ``preload``, ``records`` …)."""
+    return {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"tiers": list(tiers), **options},
+    }
 
 
 class VllmServerError(KvtierError):
@@ -229,9 +245,12 @@ class VllmServer:
 
 __all__ = [
     "BLOCK_TOKENS",
+    "CONNECTOR_CLASS",
+    "CONNECTOR_MODULE",
     "ServerConfig",
     "VllmServer",
     "VllmServerError",
+    "connector_config",
     "free_port",
     "log_tail",
     "min_pool_blocks",

@@ -29,11 +29,11 @@ from functools import partial
 import obstore
 from obstore.store import S3Store
 
-from kvtier.codec import BlockError, BlockHeader, BlockMeta
+from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.s3.options import S3Options
-from kvtier.tiers.shared import SharedTier, encode, key_of, open_or_degrade
+from kvtier.tiers.shared import SharedTier, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
 
 _OPEN_TIMEOUT_S = 2.0
@@ -232,12 +232,18 @@ class S3Tier(SharedTier):
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         items = self._coded_items(items)
-        encoded = [(k, encode(self.namespace, k, p, m)) for k, p, m in items]
+        encoded = self._decoders.map(self._object_of, items)  # encodes on every core
         nbytes = sum(len(d) for _, d in encoded)
         for _, data in encoded:
             self._largest = max(self._largest, len(data))
         self._run([partial(self._put, k, d) for k, d in encoded], nbytes)
         return [True] * len(encoded)
+
+    def _object_of(self, key: bytes, payload, meta: BlockMeta) -> tuple[bytes, bytes]:
+        """(key, one block as the bytes of one object: its header, then its stored payload);
+        obstore takes one buffer per object."""
+        header, stored = pack_block(self.namespace, key, payload, meta)
+        return key, b"".join((header, stored))
 
     def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
         present = self.contains_many(keys)

@@ -19,6 +19,7 @@ from kvtier.codec import (
     parse_header,
     unpack_into,
 )
+from kvtier.codec.codecs import get_codec
 from kvtier.codec.container import MAGIC, VERSION
 
 NS = bytes(range(16))
@@ -181,3 +182,24 @@ def test_meta_refuses_unknown_dtypes_and_high_ranks():
         BlockMeta("int3")
     with pytest.raises(ValueError):
         BlockMeta("u8", (1,) * 7)
+
+
+def test_a_block_the_codec_cannot_shrink_is_known_raw_before_encoding():
+    """stored_raw names ``raw`` for what the kv codec would decline anyway (random 16-bit words,
+    opaque bytes) and keeps the codec for KV-like blocks and for codecs that cannot tell."""
+    from kvtier.codec.container import stored_raw
+    from kvtier.codec.planes import native
+
+    rng = np.random.default_rng(3)
+    shape = (2, 2, 3, 256, 64)
+    noise = rng.integers(0, 256, int(np.prod(shape)) * 2, dtype=np.uint8)
+    scale = np.exp2(rng.integers(-6, 3, size=(*shape[:-2], 1, shape[-1])))
+    x = (rng.standard_normal(shape, dtype=np.float32) * scale).view(np.uint32) >> 16
+    kv = x.astype(np.uint16).view(np.uint8).ravel()
+    coded = BlockMeta("bf16", shape, "kv")
+    assert stored_raw(kv, coded) is coded
+    assert stored_raw(noise, BlockMeta("u8", (), "kv")).codec == "raw"
+    assert stored_raw(noise, BlockMeta("bf16", shape, "zstd")).codec == "zstd"
+    if native():
+        assert stored_raw(noise, coded).codec == "raw"
+        assert get_codec("kv").encode(memoryview(noise), "bf16", shape) is None

@@ -142,6 +142,16 @@ def encode_payload(raw: memoryview, meta: BlockMeta) -> tuple[int, BlockMeta, me
     return RawCodec.id, meta, raw
 
 
+def stored_raw(payload, meta: BlockMeta) -> BlockMeta:
+    """``meta``, naming ``raw`` where its codec knows before encoding that ``payload`` will not
+    gain (so a tier can write it on its raw path): a cheap look, not an encode."""
+    codec = get_codec(meta.codec)
+    declines = getattr(codec, "declines", None)
+    if declines is None or not declines(memoryview(payload).cast("B"), meta.dtype):
+        return meta
+    return meta.with_codec(RawCodec.name)
+
+
 def pack_block(
     namespace: bytes,
     key: bytes,

@@ -68,7 +68,10 @@ LOW_MIN_GAIN = 1 / 32
 #: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
 PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
-#: High bytes (in token order) mode 2 tries before it splits a block at all.
+#: High bytes (in token order) whose order-0 entropy mode 2 estimates before it splits a block
+#: at all: above ``8 * PROBE_MAX_SHARE`` bits a symbol the block is not KV-like (random bytes
+#: come out near 8, real bf16 KV near 3, fp16 near 6). The estimate bounds the order-1 code
+#: from above and costs a small fraction of an order-1 trial.
 QUICK_PROBE = 8 * 1024
 #: Bytes zstd tries first of a block without planes (fp8, u8…), likewise.
 BYTES_PROBE = 4 * 1024
@@ -127,6 +130,14 @@ def merge_planes(high, low, out: np.ndarray, tokens: int, channels: int) -> None
     pairs[:, 0] = np.frombuffer(low, np.uint8, n)
 
 
+def _entropy_bits(raw: memoryview) -> float:
+    """Order-0 entropy (bits a symbol) of the first ``QUICK_PROBE`` high bytes of 16-bit words."""
+    sample = np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2]
+    counts = np.bincount(sample, minlength=256)
+    p = counts[counts > 0] / sample.size
+    return float(-(p * np.log2(p)).sum())
+
+
 def _shrinks(sample) -> bool:
     """Whether zstd shrinks ``sample`` to at most :data:`PROBE_MAX_SHARE` of its size."""
     return len(zstd_compress(sample, LEVEL)) <= PROBE_MAX_SHARE * len(memoryview(sample))
@@ -156,6 +167,17 @@ class PlaneCodec:
             raise RuntimeError("the kv codec's C part (kvtier.codec._kvcore) is not built")
         self.use_native = _kvcore is not None if use_native is None else use_native
 
+    def declines(self, raw: memoryview, dtype: str) -> bool:
+        """Whether ``raw`` is known not to gain before any encoding (opaque bytes; a 16-bit
+        block whose high bytes look random): such a block is stored raw, and a tier can write
+        it on its raw path."""
+        if dtype == OPAQUE_DTYPE:
+            return True
+        if dtype not in PLANE_DTYPES or not self.use_native:
+            return False
+        raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
+        return raw.nbytes // 2 > 4 * QUICK_PROBE and _entropy_bits(raw) > 8 * PROBE_MAX_SHARE
+
     def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
         """The stored form, or None when the block does not shrink (the caller stores it raw)."""
         raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
@@ -177,11 +199,8 @@ class PlaneCodec:
         size = raw.nbytes
         n = size // 2
         shift = O1_SHIFT[dtype]
-        if n > 4 * QUICK_PROBE:  # not KV-like (random bytes…): known before the whole split
-            quick = np.ascontiguousarray(np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2])
-            sample = _kvcore.o1_encode(quick, shift)
-            if sample is None or len(sample) > PROBE_MAX_SHARE * quick.size:
-                return None
+        if self.declines(raw, dtype):
+            return None  # not KV-like (random bytes…): known before the whole split
         tokens, channels = channel_layout(tuple(shape), n)
         high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
         _kvcore.split(raw, high, low, tokens, channels)

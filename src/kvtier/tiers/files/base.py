@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError
-from kvtier.codec.container import RAW_META, encode_payload
+from kvtier.codec.container import RAW_META, encode_payload, stored_raw
 from kvtier.codec.parallel import Decoders, EncodeAhead
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import IOProfile, Tier, TierCapabilities, TierURL, TierUsage
@@ -233,6 +233,16 @@ class FileTier(Tier):
                     fut.exception()
         if errors:
             raise errors[0]
+
+    def _coded_items(
+        self, items: Sequence[tuple[bytes, object, BlockMeta]]
+    ) -> Sequence[tuple[bytes, object, BlockMeta]]:
+        """``items`` naming this tier's codec, or ``raw`` for blocks it is known not to shrink
+        (random bytes …): those take the raw write path, as in a raw tier."""
+        items = super()._coded_items(items)
+        if self.codec == "raw":
+            return items
+        return [(k, p, stored_raw(p, m)) for k, p, m in items]
 
     def _encode_ahead(
         self, items: Sequence[tuple[bytes, object, BlockMeta]], todo: Sequence[int]

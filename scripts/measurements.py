@@ -3,13 +3,16 @@
 
     scripts/measurements.py storage RUN.json [RUN.json …] --out docs/measurements/storage.md
     scripts/measurements.py ab --before B.json … --after A.json … --out docs/measurements/x.md
+    scripts/measurements.py codec RUN.json [RUN.json …] --out docs/measurements/codec-tiers.md
 
 ``storage`` tabulates kvtier ÷ reference per block size, tier, operation and depth: the median
 over the runs given and their range, with the target and the verdict of the median. ``ab``
 compares two versions of the code measured in the same session (runs alternating): per cell the
 median and range of each, and whether the new median is at least 0.95 × the old one or inside
-the old range, and whether a target the old code met is still met. Figures come only from the
-JSON; the machine (CPU, filesystem, fio) is taken from the runs' ``environment``.
+the old range, and whether a target the old code met is still met. ``codec`` pairs the tiers of
+one run whose URLs differ only in ``codec=`` and tabulates coded ÷ raw (GB/s of raw bytes) per
+payload, tier, operation and depth. Figures come only from the JSON; the machine (CPU,
+filesystem, fio) is taken from the runs' ``environment``.
 """
 
 from __future__ import annotations
@@ -148,6 +151,48 @@ def render_ab(before: list[dict], after: list[dict]) -> str:
     return "\n".join(out)
 
 
+def codec_pairs(docs: list[dict]) -> dict[tuple[str, str, str, int], list[float]]:
+    """Per (payload, tier scheme, op, depth): coded ÷ raw over the runs, each ratio from the
+    two tiers of one run whose URLs differ only in ``codec=`` (``kv`` against ``raw``)."""
+    out: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
+    for doc in docs:
+        payload = doc.get("config", {}).get("payload", "random")
+        rates: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
+        for r in doc["results"]:
+            scheme, _, rest = r["url"].partition("://")
+            query = rest.partition("?")[2].split("&")
+            codec = next((q[6:] for q in query if q.startswith("codec=")), None)
+            # the same tier but for codec= (a disk tier's folder may differ)
+            tier = scheme + "?" + "&".join(q for q in query if not q.startswith("codec="))
+            if codec in ("kv", "raw"):
+                rates[(tier, r["op"], r["depth"])][codec] = r["gbps"]
+        for (tier, op, depth), by in rates.items():
+            if "kv" in by and by.get("raw"):
+                out[(payload, tier.split("?")[0], op, depth)].append(by["kv"] / by["raw"])
+    return out
+
+
+def render_codec(docs: list[dict]) -> str:
+    """The Markdown of ``codec``."""
+    pairs = codec_pairs(docs)
+    out = [
+        "# Coded tiers: `codec=kv` ÷ `codec=raw`",
+        "",
+        f"From {len(docs)} `kvtier bench storage --json` reports; machine: {machine(docs)}.",
+        "Each cell: raw bytes delivered per second by a tier with `codec=kv` over the same tier",
+        "with `codec=raw`, measured in the same run on the same blocks; median over the runs",
+        "(their range). `random`: random bytes in the KV layout (the codec must cost nothing);",
+        "`kv`: real KV chunks of the embedded model (what the codec buys).",
+        "",
+        "| payload | tier | op | depth | kv ÷ raw |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for cell in sorted(pairs):
+        payload, scheme, op, depth = cell
+        out.append(f"| {payload} | {scheme}:// | {op} | {depth} | {span(pairs[cell])} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -158,9 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     two.add_argument("--before", nargs="+", required=True)
     two.add_argument("--after", nargs="+", required=True)
     two.add_argument("--out", required=True)
+    coded = sub.add_parser("codec", help="coded ÷ raw tiers of the same runs")
+    coded.add_argument("runs", nargs="+")
+    coded.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.what == "storage":
         text = render_storage(load(args.runs))
+    elif args.what == "codec":
+        text = render_codec(load(args.runs))
     else:
         text = render_ab(load(args.before), load(args.after))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

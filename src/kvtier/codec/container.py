@@ -127,7 +127,11 @@ def header_bytes(
     )
 
 
-def encode_payload(raw: memoryview, meta: BlockMeta) -> tuple[int, BlockMeta, memoryview]:
+#: What :func:`encode_payload` returns: codec id, the meta naming the codec used, stored bytes.
+Encoded = tuple[int, BlockMeta, memoryview]
+
+
+def encode_payload(raw: memoryview, meta: BlockMeta) -> Encoded:
     """Encode ``raw`` with ``meta.codec``: (codec id, meta naming the codec used, stored bytes).
 
     Falls back to raw when the codec declines (its stored form would not gain enough: see
@@ -157,7 +161,7 @@ def pack_block(
     key: bytes,
     payload,
     meta: BlockMeta = RAW_META,
-    encoded: tuple[int, BlockMeta, memoryview] | None = None,
+    encoded: Encoded | None = None,
 ) -> tuple[bytes, memoryview]:
     """Encode ``payload`` with ``meta.codec``; return (header, stored payload) ready to write.
 

@@ -70,8 +70,8 @@ PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
 #: High bytes (in token order) whose order-0 entropy mode 2 estimates before it splits a block
 #: at all: above ``8 * PROBE_MAX_SHARE`` bits a symbol the block is not KV-like (random bytes
-#: come out near 8, real bf16 KV near 3, fp16 near 6). The estimate bounds the order-1 code
-#: from above and costs a small fraction of an order-1 trial.
+#: come out near 8, KV's sign-and-exponent bytes well below). The estimate bounds the order-1
+#: code from above and costs a small fraction of an order-1 trial.
 QUICK_PROBE = 8 * 1024
 #: Bytes zstd tries first of a block without planes (fp8, u8…), likewise.
 BYTES_PROBE = 4 * 1024

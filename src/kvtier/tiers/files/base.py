@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError
-from kvtier.codec.container import RAW_META, encode_payload, stored_raw
+from kvtier.codec.container import RAW_META, Encoded, encode_payload, stored_raw
 from kvtier.codec.parallel import Decoders, EncodeAhead
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import IOProfile, Tier, TierCapabilities, TierURL, TierUsage
@@ -244,19 +244,39 @@ class FileTier(Tier):
             return items
         return [(k, p, stored_raw(p, m)) for k, p, m in items]
 
-    def _encode_ahead(
-        self, items: Sequence[tuple[bytes, object, BlockMeta]], todo: Sequence[int]
-    ) -> EncodeAhead | None:
-        """The coded writes of a batch encoded on the codec threads, a few blocks ahead of the
-        I/O (None where there is nothing to overlap: a raw tier, one block, one core)."""
-        if self.codec == "raw" or len(todo) < 2 or not self._decoders.parallel:
-            return None
+    def _write_batch(
+        self,
+        items: Sequence[tuple[bytes, object, BlockMeta]],
+        todo: Sequence[int],
+        plan: Callable[[bytes, object, BlockMeta, Encoded | None], tuple[Any, IOOp] | None],
+        finish: Finish,
+        results: list,
+        *,
+        inline: bool,
+    ) -> None:
+        """``_batch`` over the writes ``todo`` of ``items``: ``plan(key, payload, meta,
+        encoded)`` gets each block's encode_payload, run on the codec threads a few blocks
+        ahead of the I/O where there is something to overlap (a coded tier, several blocks,
+        several cores), else None (``plan`` encodes it)."""
+        ahead: EncodeAhead | None = None
+        if self.codec != "raw" and len(todo) > 1 and self._decoders.parallel:
 
-        def encode(i: int) -> tuple[int, BlockMeta, memoryview]:
-            _, payload, meta = items[i]
-            return encode_payload(memoryview(payload).cast("B"), meta)
+            def encode(i: int) -> Encoded:
+                _, payload, meta = items[i]
+                return encode_payload(memoryview(payload).cast("B"), meta)
 
-        return EncodeAhead(self._decoders, todo, encode, 2 * self._decoders.threads)
+            ahead = EncodeAhead(self._decoders, todo, encode, 2 * self._decoders.threads)
+        try:
+            self._batch(
+                todo,
+                lambda i: plan(*items[i], ahead.get(i) if ahead else None),
+                finish,
+                results,
+                inline=inline,
+            )
+        finally:
+            if ahead is not None:
+                ahead.cancel()
 
     def _read_batch(self, keys: Sequence[bytes], outs: Sequence, todo: Sequence[int], results):
         """The general read path for ``todo``'s indices."""

@@ -46,7 +46,7 @@ from kvtier.codec import (
     pack_block,
     parse_header,
 )
-from kvtier.codec.container import CHECKSUM_OFFSET
+from kvtier.codec.container import CHECKSUM_OFFSET, Encoded
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.blockfile import (
     KnownHeader,
@@ -203,18 +203,9 @@ class DiskTier(FileTier):
             todo: Sequence[int] = range(len(items))
             if len(items) > 1:
                 todo = self._ring_writes(items, results)
-            ahead = self._encode_ahead(items, todo)
-            try:
-                self._batch(
-                    todo,
-                    lambda i: self._open_write(*items[i], ahead.get(i) if ahead else None),
-                    self._finish_write,
-                    results,
-                    inline=True,
-                )
-            finally:
-                if ahead is not None:
-                    ahead.cancel()
+            self._write_batch(
+                items, todo, self._open_write, self._finish_write, results, inline=True
+            )
         finally:
             self._notify_evictions()
         if self.dirsync:
@@ -428,7 +419,7 @@ class DiskTier(FileTier):
         key: bytes,
         payload,
         meta: BlockMeta,
-        encoded: tuple[int, BlockMeta, memoryview] | None = None,
+        encoded: Encoded | None = None,
     ) -> tuple[_Write, IOOp] | None:
         if not self._admit(key, memoryview(payload).nbytes):
             return None

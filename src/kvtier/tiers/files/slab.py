@@ -59,7 +59,7 @@ from kvtier.codec import (
     get_codec,
     parse_header,
 )
-from kvtier.codec.container import encode_payload, header_bytes
+from kvtier.codec.container import Encoded, encode_payload, header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions
@@ -126,10 +126,6 @@ class _Read:
     scratch: np.ndarray
     fast: bool  # header page, payload pages into the caller's buffer, tail page
     op: IOOp
-
-
-#: What encode_payload returns for a block: codec id, the meta naming it, the stored bytes.
-_Encoded = tuple[int, BlockMeta, memoryview]
 
 
 @dataclass(slots=True)
@@ -312,18 +308,7 @@ class SlabTier(FileTier):
             return results
         try:
             todo = self._ring_writes(items, results)
-            ahead = self._encode_ahead(items, todo)
-            try:
-                self._batch(
-                    todo,
-                    lambda i: self._plan_write(*items[i], ahead.get(i) if ahead else None),
-                    self._publish,
-                    results,
-                    inline=False,
-                )
-            finally:
-                if ahead is not None:
-                    ahead.cancel()
+            self._write_batch(items, todo, self._plan_write, self._publish, results, inline=False)
         finally:
             self._notify_evictions()
         return results
@@ -520,7 +505,7 @@ class SlabTier(FileTier):
 
     # --- internals: writes -------------------------------------------------------------------
     def _prepare_block(
-        self, key: bytes, payload, meta: BlockMeta, encoded: _Encoded | None = None
+        self, key: bytes, payload, meta: BlockMeta, encoded: Encoded | None = None
     ) -> tuple[_Entry, memoryview] | None:
         """Admit, encode (unless ``encoded`` is its encode_payload) and place a block: its
         index entry-to-be (header, slot) and stored bytes; None when not admitted or there is
@@ -544,7 +529,7 @@ class SlabTier(FileTier):
         return _Entry(place[0], place[1], head, header, seed, seq), stored
 
     def _plan_write(
-        self, key: bytes, payload, meta: BlockMeta, encoded: _Encoded | None = None
+        self, key: bytes, payload, meta: BlockMeta, encoded: Encoded | None = None
     ) -> tuple[_Write, IOOp] | None:
         planned = self._prepare_block(key, payload, meta, encoded)
         if planned is None:

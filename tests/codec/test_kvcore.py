@@ -54,6 +54,23 @@ def test_split_and_merge_match_numpy_for_any_layout(tokens, channels, groups, ex
     assert np.array_equal(out[: 2 * n], raw) and (out[2 * n :] == 0xA5).all()
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+def test_merge_of_a_large_block_streams_its_stores_and_stays_exact(offset):
+    """Outputs of a MiB or more are written with streaming stores where 16-byte aligned (offset
+    0) and with plain ones where not (offset 1): the same bytes, nothing written past the end."""
+    tokens, channels, groups = 256, 64, 40
+    n = tokens * channels * groups + 7
+    raw = np.random.default_rng(5).integers(0, 256, 2 * n, dtype=np.uint8)
+    high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    K.split(raw, high, low, tokens, channels)
+    buf = np.full(2 * n + 64, 0xA5, np.uint8)
+    start = (-buf.ctypes.data) % 16 + offset
+    out = buf[start : start + 2 * n]
+    K.merge(high, low, out, tokens, channels)
+    assert np.array_equal(out, raw)
+    assert (buf[:start] == 0xA5).all() and (buf[start + 2 * n :] == 0xA5).all()
+
+
 def test_split_and_merge_refuse_sizes_that_do_not_match():
     raw = np.zeros(64, np.uint8)
     with pytest.raises(ValueError):
@@ -81,19 +98,38 @@ def _plane(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
     kind=st.sampled_from(["one", "uniform", "skewed", "walk"]),
     n=st.one_of(st.integers(1, 70), st.integers(1000, 60_000)),
     shift=st.integers(0, 7),
+    maxbits=st.sampled_from([K.NARROW, K.MAXBITS]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, seed):
+def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
+    """Both code-length limits (each has its own decoder tables in C)."""
     plane = _plane(kind, n, np.random.default_rng(seed))
-    section = K.o1_encode(plane, shift)
+    section = K.o1_encode(plane, shift, maxbits)
     if section is None:  # only where it would not beat the plane stored as is
         return
-    assert len(section) < n
+    assert len(section) < n and section[1] == maxbits
     out = np.full(n + 8, 0x5A, np.uint8)
     K.o1_decode(section, out[:n])
     assert np.array_equal(out[:n], plane) and (out[n:] == 0x5A).all()
     if n <= 5000:
         assert np.array_equal(planes.o1_decode_py(section, n), plane)
+
+
+def test_o1_code_lengths_are_limited_to_the_two_the_decoder_knows():
+    plane = _plane("skewed", 50_000, np.random.default_rng(2))
+    for maxbits in (K.NARROW, K.MAXBITS):
+        section = K.o1_encode(plane, 0, maxbits)
+        # the reference decoder reads what C writes
+        assert np.array_equal(planes.o1_decode_py(section, 50_000), plane)
+        other = bytearray(section)
+        other[1] = 10  # a width neither decoder has tables for
+        with pytest.raises(ValueError):
+            K.o1_decode(bytes(other), np.empty(50_000, np.uint8))
+        with pytest.raises(CorruptBlockError):
+            planes.o1_decode_py(bytes(other), 50_000)
+    for maxbits in (8, 10, 12):
+        with pytest.raises(ValueError):
+            K.o1_encode(plane, 0, maxbits)
 
 
 def test_an_o1_section_asked_for_another_length_is_refused():
@@ -111,8 +147,9 @@ def test_damaged_o1_sections_fail_or_stay_within_their_output():
     (the block checksum catches that); truncation is always refused."""
     rng = np.random.default_rng(3)
     goods = [
-        (K.o1_encode(_plane(kind, 40_000, rng), 0), 40_000)
+        (K.o1_encode(_plane(kind, 40_000, rng), 0, maxbits), 40_000)
         for kind in ("walk", "skewed", "uniform")
+        for maxbits in (K.NARROW, K.MAXBITS)
     ]
     goods = [(s, n) for s, n in goods if s is not None]
     for section, n in goods:

@@ -7,6 +7,12 @@ Methods: ``raw`` (a copy), zstd at several levels, ``byteplane+zstd`` (the two b
 element in two planes, zstd-1 each), ``zipnn`` (when installed) and kvtier's ``kv`` codec. Ratio is
 total raw bytes / total stored bytes over a corpus; speeds are raw bytes per second, on one
 thread ("per core") and on a thread per core over the corpus's blocks ("all cores").
+
+Decoding goes where each method's API can put it. ``raw`` and ``kv`` write into a buffer the
+caller names, as the tiers do (a read decodes into the destination it was given): into one
+buffer per block, allocated and touched before the clock starts. zstd, ``byteplane+zstd`` and
+zipnn return buffers of their own (zipnn's API takes no destination), whose allocation is part
+of their time, and their output is taken as it comes, without a copy.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from kvtier.errors import ConfigError, MissingExtraError
 
 Encode = Callable[[memoryview, str, tuple[int, ...]], bytes]
 Decode = Callable[[bytes, int, str, tuple[int, ...]], bytes | bytearray | np.ndarray]
+DecodeInto = Callable[[bytes, np.ndarray, str], None]
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,13 @@ class Block:
 
 @dataclass(frozen=True)
 class Method:
-    """A codec under test: encode a block, decode it back (sizes known to the caller)."""
+    """A codec under test: encode a block, decode it back (sizes known to the caller); ``into``,
+    where the method can, decodes into a buffer of the block's size instead."""
 
     name: str
     encode: Encode
     decode: Decode
+    into: DecodeInto | None = None
 
 
 @dataclass
@@ -135,15 +144,18 @@ def _kvtier() -> Method:
         stored = codec.encode(raw, dtype, shape)
         return b"\x00" + bytes(raw) if stored is None else b"\x01" + bytes(stored)
 
-    def decode(stored: bytes, size: int, dtype: str, shape: tuple[int, ...]) -> bytearray:
-        out = bytearray(size)
+    def into(stored: bytes, out: np.ndarray, dtype: str) -> None:
         if stored[0] == 0:  # stored raw, as the container does when the codec declines
-            out[:] = memoryview(stored)[1:]
+            out[:] = np.frombuffer(stored, np.uint8, offset=1)
         else:
             codec.decode_into(memoryview(stored)[1:], memoryview(out), dtype)
+
+    def decode(stored: bytes, size: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(size, np.uint8)
+        into(stored, out, dtype)
         return out
 
-    return Method("kvtier-kv", encode, decode)
+    return Method("kvtier-kv", encode, decode, into)
 
 
 def _zipnn() -> Method:
@@ -161,8 +173,8 @@ def _zipnn() -> Method:
     def encode(raw: memoryview, dtype: str, shape: tuple[int, ...]) -> bytes:
         return bytes(coder(dtype).compress(bytes(raw)))
 
-    def decode(stored: bytes, size: int, dtype: str, shape: tuple[int, ...]) -> bytes:
-        return bytes(coder(dtype).decompress(stored))
+    def decode(stored: bytes, size: int, dtype: str, shape: tuple[int, ...]) -> bytearray:
+        return coder(dtype).decompress(stored)
 
     return Method("zipnn", encode, decode)
 
@@ -170,7 +182,12 @@ def _zipnn() -> Method:
 def methods(levels: Sequence[int], with_zipnn: bool | None = None) -> list[Method]:
     """The methods of a run: raw, zstd levels, byteplane+zstd, zipnn (when installed), kv."""
     out = [
-        Method("raw", lambda raw, d, s: bytes(raw), lambda stored, n, d, s: bytearray(stored)),
+        Method(
+            "raw",
+            lambda raw, d, s: bytes(raw),
+            lambda stored, n, d, s: bytearray(stored),
+            lambda stored, out, d: np.copyto(out, np.frombuffer(stored, np.uint8)),
+        ),
         *(_zstd(lv) for lv in levels),
         Method("byteplane+zstd-1", _byteplane_encode, _byteplane_decode),
     ]
@@ -254,18 +271,26 @@ def measure_all(
         def enc(b: Block) -> bytes:
             return method.encode(memoryview(b.data), b.dtype, b.shape)
 
-        def dec(pair: tuple[Block, bytes]):
-            b, stored = pair
-            return method.decode(stored, b.data.nbytes, b.dtype, b.shape)
+        def dec(item: tuple[Block, bytes, np.ndarray | None]):
+            b, stored, dest = item
+            if dest is None:
+                return method.decode(stored, b.data.nbytes, b.dtype, b.shape)
+            method.into(stored, dest, b.dtype)
+            return dest
 
         return enc, dec
 
     coders = [coder(m) for m in methods]
+    # the destinations of the methods that decode into one: allocated and touched up front
+    dests = [
+        [np.ones(b.data.nbytes, np.uint8) for b in blocks] if m.into else [None] * len(blocks)
+        for m in methods
+    ]
     stored: list[list[bytes]] = []
     exact: list[bool] = []
-    for enc, dec in coders:
+    for k, (enc, dec) in enumerate(coders):
         got = [enc(b) for b in blocks]
-        back = [dec(p) for p in zip(blocks, got, strict=True)]
+        back = [dec(p) for p in zip(blocks, got, dests[k], strict=True)]
         exact.append(
             all(
                 np.array_equal(np.frombuffer(memoryview(o).cast("B"), np.uint8), b.data)
@@ -278,7 +303,7 @@ def measure_all(
     with ThreadPoolExecutor(threads) as pool:
         for _ in range(repeats):
             for k, (enc, dec) in enumerate(coders):
-                pairs = list(zip(blocks, stored[k], strict=True))
+                pairs = list(zip(blocks, stored[k], dests[k], strict=True))
                 for j, (fn, args, on) in enumerate(
                     (
                         (enc, blocks, None),

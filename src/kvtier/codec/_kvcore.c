@@ -2,7 +2,8 @@
  *
  * split(raw, high, low, tokens, channels)   raw -> the two planes (high channel-major)
  * merge(high, low, out, tokens, channels)   the inverse, written straight into ``out``
- * o1_encode(plane, shift) -> bytes | None    the high plane as an order-1 Huffman section
+ * o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None   the high plane as an order-1
+ *                                            Huffman section, codes of MAXBITS or NARROW bits
  * o1_decode(section, out)                    the inverse; ValueError for a bad section
  * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
  *
@@ -12,7 +13,8 @@
  * coded with one Huffman table per previous symbol, which codes tighter than zstd and decodes
  * several symbols per table look-up. Every call releases the GIL while it works.
  *
- * Section layout (little-endian): version (1), MAXBITS, NSTREAMS, the context shift (a
+ * Section layout (little-endian): version (1), the longest code length (MAXBITS or NARROW:
+ * the decoder's look-up tables are that many bits wide), NSTREAMS, the context shift (a
  * symbol's context is the one before it shifted right by this), the symbol count (u64), a
  * 33-byte bitmap of the contexts that have their own table (bit c < 256: previous symbol c;
  * bit 256: a stream's first symbol), then the tables - the fallback (for every other context)
@@ -33,15 +35,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXBITS 11
-#define TABSIZE (1u << MAXBITS)
+#define MAXBITS 11 /* the longest code a section may have */
+#define NARROW 9   /* the other longest code the decoder knows: smaller, cache-resident tables */
 #define NSTREAMS 8
 #define NCTX 257
 #define START 256
 #define VERSION 1
 #define HEAD_BYTES (12 + 33) /* version .. shift, symbol count (u64), context bitmap */
 #define MIN_CTX_COUNT 4096 /* a context seen fewer times shares the fallback table */
-#define PER_REFILL 5      /* look-ups per refill of a bit reader: 5 * MAXBITS <= 56 */
 #ifndef ENC_LANES
 #define ENC_LANES 4 /* streams the encoder writes in turn */
 #endif
@@ -50,6 +51,9 @@
 #ifndef LANES
 #define LANES 4 /* streams decoded together (NSTREAMS is a multiple) */
 #endif
+
+/* the bits a marker-bit reader holds: the marker's position (its buffer is never 0) */
+#define HELD(b) (63u ^ (unsigned)__builtin_clzll(b))
 
 /* unaligned, typed (so they do not alias the decoder's state) */
 typedef uint32_t u32u __attribute__((aligned(1)));
@@ -187,12 +191,48 @@ split_group(const uint8_t *raw, uint8_t *restrict high, uint8_t *restrict low, s
         }
 }
 
-/* The inverse of split_group. */
+/* The most channels merge_group transposes a row of tokens for at once. */
+#define MERGE_ROW 1024
+/* Outputs from this size on are written with streaming stores: they outgrow the caches
+ * anyway, and a store that skips reading the line first halves the memory traffic. */
+#define STREAM_MIN ((size_t)1 << 20)
+
+/* The inverse of split_group; ``stream``: write with streaming stores (``out`` 16-aligned). */
 static void
 merge_group(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, size_t tokens,
-            size_t channels)
+            size_t channels, int stream)
 {
 #if SIMD_PLANES
+    if (tokens % 16 == 0 && channels % 16 == 0 && channels <= MERGE_ROW) {
+        /* 16 tokens at a time: all their channels transposed first, then each token's row
+         * written in one contiguous run */
+        __m128i rows[MERGE_ROW]; /* [channel block][token] */
+        for (size_t t0 = 0; t0 < tokens; t0 += 16) {
+            for (size_t c0 = 0; c0 < channels; c0 += 16) {
+                __m128i h[16];
+                for (int j = 0; j < 16; j++)
+                    h[j] = _mm_loadu_si128((const __m128i *)(high + (c0 + j) * tokens + t0));
+                transpose16(h, rows + c0);
+            }
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *lo = low + (t0 + i) * channels;
+                uint8_t *dst = out + 2 * (t0 + i) * channels;
+                for (size_t c0 = 0; c0 < channels; c0 += 16) {
+                    __m128i l = _mm_loadu_si128((const __m128i *)(lo + c0));
+                    __m128i v = rows[c0 + (size_t)i];
+                    __m128i a = _mm_unpacklo_epi8(l, v), b = _mm_unpackhi_epi8(l, v);
+                    if (stream) {
+                        _mm_stream_si128((__m128i *)(dst + 2 * c0), a);
+                        _mm_stream_si128((__m128i *)(dst + 2 * c0 + 16), b);
+                    } else {
+                        _mm_storeu_si128((__m128i *)(dst + 2 * c0), a);
+                        _mm_storeu_si128((__m128i *)(dst + 2 * c0 + 16), b);
+                    }
+                }
+            }
+        }
+        return;
+    }
     if (tokens % 16 == 0 && channels % 16 == 0) {
         for (size_t t0 = 0; t0 < tokens; t0 += 16)
             for (size_t c0 = 0; c0 < channels; c0 += 16) {
@@ -236,8 +276,14 @@ merge_planes(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, siz
              size_t tokens, size_t channels)
 {
     size_t group = tokens * channels, g = n / group;
+    int stream = SIMD_PLANES && 2 * n >= STREAM_MIN && (uintptr_t)out % 16 == 0;
     for (size_t k = 0; k < g; k++)
-        merge_group(high + k * group, low + k * group, out + 2 * k * group, tokens, channels);
+        merge_group(high + k * group, low + k * group, out + 2 * k * group, tokens, channels,
+                    stream);
+#if SIMD_PLANES
+    if (stream)
+        _mm_sfence(); /* the streamed stores are seen before whatever the caller does next */
+#endif
     for (size_t i = g * group; i < n; i++) {
         out[2 * i] = low[i];
         out[2 * i + 1] = high[i];
@@ -272,9 +318,9 @@ reverse_bits(unsigned code, unsigned len)
     return r;
 }
 
-/* Huffman code lengths (at most MAXBITS) of ``counts``; absent symbols get 0. */
+/* Huffman code lengths (at most ``maxbits``) of ``counts``; absent symbols get 0. */
 static void
-huffman_lengths(const uint32_t *counts, uint8_t *lens)
+huffman_lengths(const uint32_t *counts, uint8_t *lens, unsigned maxbits)
 {
     uint64_t freq[512], w[256];
     int parent[512], sym[256], depth[512];
@@ -324,7 +370,7 @@ huffman_lengths(const uint32_t *counts, uint8_t *lens)
             if (j < k && depth[j] > maxd)
                 maxd = depth[j];
         }
-        if (maxd <= MAXBITS) {
+        if (maxd <= (int)maxbits) {
             for (int i = 0; i < k; i++)
                 lens[sym[i]] = (uint8_t)depth[i];
             return;
@@ -334,25 +380,25 @@ huffman_lengths(const uint32_t *counts, uint8_t *lens)
     }
 }
 
-/* Canonical codes (bit-reversed, to be read LSB first) of ``lens``; 0 when a length is out of
- * range or the lengths oversubscribe the code space. */
+/* Canonical codes (bit-reversed, to be read LSB first) of ``lens``; 0 when a length is over
+ * ``maxbits`` or the lengths oversubscribe the code space. */
 static int
-canonical_codes(const uint8_t *lens, unsigned *codes)
+canonical_codes(const uint8_t *lens, unsigned *codes, unsigned maxbits)
 {
     unsigned count[MAXBITS + 1] = {0}, next[MAXBITS + 1];
     uint32_t kraft = 0;
     for (int s = 0; s < 256; s++) {
-        if (lens[s] > MAXBITS)
+        if (lens[s] > maxbits)
             return 0;
         if (lens[s]) {
             count[lens[s]]++;
-            kraft += TABSIZE >> lens[s];
+            kraft += (1u << maxbits) >> lens[s];
         }
     }
-    if (kraft > TABSIZE)
+    if (kraft > 1u << maxbits)
         return 0;
     unsigned code = 0; /* DEFLATE's assignment (count[0] is 0) */
-    for (int l = 1; l <= MAXBITS; l++) {
+    for (unsigned l = 1; l <= maxbits; l++) {
         code = (code + count[l - 1]) << 1;
         next[l] = code;
     }
@@ -368,10 +414,11 @@ stream_bounds(size_t n, size_t *start)
         start[i] = (size_t)((unsigned __int128)n * (unsigned)i / NSTREAMS);
 }
 
-/* Encode ``plane`` into ``dst`` (capacity ``cap``); the section's size, or 0 when it does not
- * fit (the caller then stores the plane another way). */
+/* Encode ``plane`` into ``dst`` (capacity ``cap``) with codes of at most ``maxbits`` bits; the
+ * section's size, or 0 when it does not fit (the caller then stores the plane another way). */
 static size_t
-encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t cap)
+encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint8_t *dst,
+          size_t cap)
 {
     size_t sizes[3] = {NCTX * 256 * sizeof(uint32_t), NCTX * 256, NCTX * 256 * sizeof(unsigned)};
     int owned;
@@ -415,18 +462,19 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, uint8_t *dst, size_t c
                 fallback[s] += counts[c][s];
         }
     }
-    huffman_lengths(fallback, lens[0]); /* by table: 0 the fallback, then contexts in order */
+    /* by table: 0 the fallback, then contexts in order */
+    huffman_lengths(fallback, lens[0], maxbits);
     for (int c = 0; c < NCTX; c++)
         if (table_of[c])
-            huffman_lengths(counts[c], lens[table_of[c]]);
+            huffman_lengths(counts[c], lens[table_of[c]], maxbits);
     for (int t = 0; t < ntab; t++)
-        if (!canonical_codes(lens[t], codes[t]))
+        if (!canonical_codes(lens[t], codes[t], maxbits))
             goto done;
     if (cap < HEAD_BYTES + (size_t)ntab * (32 + 128) + 4 * NSTREAMS)
         goto done;
     uint8_t *o = dst;
     o[0] = VERSION;
-    o[1] = MAXBITS;
+    o[1] = (uint8_t)maxbits;
     o[2] = NSTREAMS;
     o[3] = (uint8_t)shift;
     store32(o + 4, (uint32_t)n);
@@ -535,20 +583,33 @@ static const char *const ERRORS[] = {
 
 #define VARIANT(name) name##_m8
 #define MULTI 8
+#define WINDOW 11
 #include "_kvcore_decode.h"
+#undef WINDOW
 #undef MULTI
 #undef VARIANT
 #define VARIANT(name) name##_m4
 #define MULTI 4
+#define WINDOW 11
 #include "_kvcore_decode.h"
+#undef WINDOW
+#undef MULTI
+#undef VARIANT
+#define VARIANT(name) name##_n
+#define MULTI 8
+#define WINDOW NARROW
+#include "_kvcore_decode.h"
+#undef WINDOW
 #undef MULTI
 #undef VARIANT
 
 /* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols, with
- * the tables that suit its bits per symbol. */
+ * the tables that suit its longest code and bits per symbol. */
 static int
 decode_o1(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
 {
+    if (len >= 2 && sec[1] == NARROW)
+        return decode_o1_n(sec, len, out, n);
     return len > n / 2 ? decode_o1_m4(sec, len, out, n) : decode_o1_m8(sec, len, out, n);
 }
 
@@ -613,13 +674,15 @@ static PyObject *
 py_o1_encode(PyObject *self, PyObject *args)
 {
     Py_buffer plane;
-    int shift;
-    if (!PyArg_ParseTuple(args, "y*i", &plane, &shift))
+    int shift, maxbits = MAXBITS;
+    if (!PyArg_ParseTuple(args, "y*i|i", &plane, &shift, &maxbits))
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)plane.len;
-    if (shift < 0 || shift > 7 || n / NSTREAMS * MAXBITS / 8 + 16 > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "o1_encode: shift 0-7 and a plane under 2**34");
+    if (shift < 0 || shift > 7 || (maxbits != MAXBITS && maxbits != NARROW) ||
+        n / NSTREAMS * MAXBITS / 8 + 16 > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError,
+                        "o1_encode: shift 0-7, maxbits MAXBITS or NARROW, a plane under 2**34");
         goto out;
     }
     /* a section no smaller than the plane gains nothing: its capacity is the plane's size */
@@ -631,7 +694,7 @@ py_o1_encode(PyObject *self, PyObject *args)
     }
     size_t got;
     Py_BEGIN_ALLOW_THREADS;
-    got = n ? encode_o1(plane.buf, n, (unsigned)shift, buf, n) : 0;
+    got = n ? encode_o1(plane.buf, n, (unsigned)shift, (unsigned)maxbits, buf, n) : 0;
     Py_END_ALLOW_THREADS;
     res = got ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)got) : Py_NewRef(Py_None);
     scratch_done(buf, owned);
@@ -725,7 +788,8 @@ static PyMethodDef methods[] = {
     {"merge", py_merge, METH_VARARGS,
      "merge(high, low, out, tokens, channels): the inverse of split, into out."},
     {"o1_encode", py_o1_encode, METH_VARARGS,
-     "o1_encode(plane, shift) -> bytes | None: the order-1 Huffman section (None: no gain)."},
+     "o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None: the order-1 Huffman section "
+     "(None: no gain)."},
     {"o1_decode", py_o1_decode, METH_VARARGS,
      "o1_decode(section, out): decode a section into out (its size is the symbol count)."},
     {"decode_planes", py_decode_planes, METH_VARARGS,
@@ -748,6 +812,7 @@ PyInit__kvcore(void)
         scratch_ready = pthread_key_create(&scratch_key, scratch_release) == 0;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "MAXBITS", MAXBITS) < 0 ||
+              PyModule_AddIntConstant(m, "NARROW", NARROW) < 0 ||
               PyModule_AddIntConstant(m, "NSTREAMS", NSTREAMS) < 0 ||
               PyModule_AddIntConstant(m, "VERSION", VERSION) < 0)) {
         Py_DECREF(m);

@@ -6,6 +6,9 @@
  * many symbols (0 where no code starts with these bits: the stream stops moving and the caller
  * notices) and the bits they take. A single-symbol entry: symbol (bits 0-7), length (8-15; 0:
  * no code). */
+#define WBITS WINDOW
+#define WSIZE (1u << WINDOW)
+#define WREFILL (56 / WINDOW) /* look-ups per refill of a reader: it holds 56 bits or more */
 #if MULTI == 8
 typedef uint64_t VARIANT(Syms);
 typedef u64u VARIANT(SymsU);
@@ -22,7 +25,72 @@ typedef struct {
 } VARIANT(Entry);
 #define Entry VARIANT(Entry)
 #define SymsU VARIANT(SymsU)
-#define TABLE_BYTES ((size_t)TABSIZE * sizeof(Entry))
+#define TABLE_BYTES ((size_t)WSIZE * sizeof(Entry))
+
+/* ``rounds`` rounds of WREFILL look-ups in each of the LANES readers (the inner loop: a
+ * reader is a bit buffer with a marker bit above its bits, a pointer into its stream, the
+ * control words of its context and its output). */
+static inline __attribute__((always_inline)) void
+VARIANT(rounds_body)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+                     uint8_t **s_o)
+{
+    const uint8_t *rp[LANES];
+    uint64_t b[LANES];
+    const char *nx[LANES];
+    uint8_t *o[LANES];
+    for (int j = 0; j < LANES; j++)
+        rp[j] = s_rp[j], b[j] = s_buf[j], nx[j] = s_nxt[j], o[j] = s_o[j];
+    for (size_t k = 0; k < rounds; k++) {
+        for (int j = 0; j < LANES; j++) { /* refill to 56-63 bits, the marker above them */
+            unsigned held = HELD(b[j]);
+            uint64_t v = (b[j] ^ (uint64_t)1 << held) | *(const u64u *)rp[j] << held;
+            rp[j] += (63 - held) >> 3;
+            held |= 56;
+            b[j] = (v & (((uint64_t)1 << held) - 1)) | (uint64_t)1 << held;
+        }
+        for (int r = 0; r < WREFILL; r++)
+            for (int j = 0; j < LANES; j++) {
+                size_t x = (size_t)(b[j] & (WSIZE - 1));
+                uint64_t c = *(const uint64_t *)(nx[j] + 8 * x);
+                *(SymsU *)o[j] =
+                    *(const SymsU *)(nx[j] + 8 * (size_t)WSIZE + sizeof(VARIANT(Syms)) * x);
+                o[j] += (c >> 8) & 0xff;
+                b[j] >>= c & 63;
+                nx[j] = (const char *)(uintptr_t)(c >> 16);
+            }
+    }
+    for (int j = 0; j < LANES; j++)
+        s_rp[j] = rp[j], s_buf[j] = b[j], s_nxt[j] = nx[j], s_o[j] = o[j];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("bmi,bmi2"))) static void
+VARIANT(rounds_bmi2)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+                     uint8_t **s_o)
+{
+    VARIANT(rounds_body)(rounds, s_rp, s_buf, s_nxt, s_o);
+}
+#endif
+
+static void
+VARIANT(rounds_plain)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+                      uint8_t **s_o)
+{
+    VARIANT(rounds_body)(rounds, s_rp, s_buf, s_nxt, s_o);
+}
+
+static void
+VARIANT(rounds)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+                uint8_t **s_o)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("bmi2")) {
+        VARIANT(rounds_bmi2)(rounds, s_rp, s_buf, s_nxt, s_o);
+        return;
+    }
+#endif
+    VARIANT(rounds_plain)(rounds, s_rp, s_buf, s_nxt, s_o);
+}
 
 /* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols. */
 static int
@@ -30,7 +98,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
 {
     if (len < HEAD_BYTES)
         return E_SHORT;
-    if (sec[0] != VERSION || sec[1] != MAXBITS || sec[2] != NSTREAMS || sec[3] > 7)
+    if (sec[0] != VERSION || sec[1] != WBITS || sec[2] != NSTREAMS || sec[3] > 7)
         return E_HEAD;
     const unsigned shift = sec[3];
     if (load32(sec + 4) != (uint32_t)n || load32(sec + 8) != (uint32_t)((uint64_t)n >> 32))
@@ -42,12 +110,14 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     int ntab = 1, table_of[NCTX];
     for (int c = 0; c < NCTX; c++)
         table_of[c] = (ctxmap[c >> 3] >> (c & 7)) & 1 ? ntab++ : 0;
-    /* multi: the look-up tables; narrow: the same for every narrower window of w < MAXBITS
+    /* multi: the look-up tables; narrow: the same for every narrower window of w < WBITS
      * bits (ntab << w entries each); single: one symbol per look-up; lens_of: code lengths */
-    size_t nt = (size_t)ntab, sz_multi = nt * TABSIZE * sizeof(Entry),
-           sz_narrow = nt * (TABSIZE - 1) * sizeof(Entry), sz_single = nt * TABSIZE * 2;
+    size_t nt = (size_t)ntab, sz_multi = nt * WSIZE * sizeof(Entry),
+           sz_narrow = nt * (WSIZE - 1) * sizeof(Entry), sz_single = nt * WSIZE * 2;
     int owned;
-    char *mem = scratch_get(SCRATCH_TABLES, sz_multi + sz_narrow + sz_single + nt * 256, &owned);
+    size_t sz_fast = nt * (size_t)WSIZE * (8 + sizeof(VARIANT(Syms))) + 64;
+    char *mem = scratch_get(SCRATCH_TABLES, sz_multi + sz_narrow + sz_single + nt * 256 + sz_fast,
+                            &owned);
     if (!mem)
         return E_MEMORY;
     Entry *multi = (Entry *)mem, *narrow = (Entry *)(mem + sz_multi);
@@ -82,27 +152,27 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         }
         if (half)
             p++;
-        if (!canonical_codes(lens, codes)) {
+        if (!canonical_codes(lens, codes, WBITS)) {
             rc = E_TABLE;
             goto done;
         }
-        uint16_t *tab = single + (size_t)t * TABSIZE;
+        uint16_t *tab = single + (size_t)t * WSIZE;
         for (int s = 0; s < 256; s++)
-            for (unsigned j = codes[s]; lens[s] && j < TABSIZE; j += 1u << lens[s])
+            for (unsigned j = codes[s]; lens[s] && j < WSIZE; j += 1u << lens[s])
                 tab[j] = (uint16_t)(s | lens[s] << 8);
     }
     /* Window by window, narrowest first: the entry of pattern y in a w-bit window is its
      * first symbol (when its code fits) followed by the entry of the rest of the bits in the
      * narrower window after it, cut to MULTI symbols. */
-    Entry *win[MAXBITS + 1];
-    for (int w = 0, at = 0; w < MAXBITS; at += 1 << w, w++)
+    Entry *win[WBITS + 1];
+    for (int w = 0, at = 0; w < WBITS; at += 1 << w, w++)
         win[w] = narrow + (size_t)ntab * (size_t)at;
-    win[MAXBITS] = multi;
-    for (int w = 0; w <= MAXBITS; w++) {
+    win[WBITS] = multi;
+    for (int w = 0; w <= WBITS; w++) {
         for (int t = 0; t < ntab; t++) {
             Entry *row = win[w] + ((size_t)t << w);
             for (unsigned y = 0; y < 1u << w; y++) {
-                uint16_t e = single[(size_t)t * TABSIZE + y];
+                uint16_t e = single[(size_t)t * WSIZE + y];
                 unsigned l = e >> 8, s1 = e & 255;
                 Entry d = {0, (uint16_t)t, 0, 0};
                 if (l && (int)l <= w) {
@@ -123,6 +193,27 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
                 }
                 row[y] = d;
             }
+        }
+    }
+    /* The look-up tables the main loop reads: per table, WSIZE control words and then
+     * WSIZE symbol words. A control word holds the bits the entry consumes (byte 0: a
+     * shift by the whole word shifts by them), its symbol count (byte 1) and the address of
+     * the next context's control words (bits 16-63), so one load gives all a look-up needs. */
+    const size_t stride = (size_t)WSIZE * (8 + sizeof(VARIANT(Syms)));
+    char *fast = mem + sz_multi + sz_narrow + sz_single + nt * 256;
+    fast += (64 - (uintptr_t)fast % 64) % 64;
+    if (((uintptr_t)fast + nt * stride) >> 48) {
+        rc = E_MEMORY; /* addresses must fit the control word's 48 bits */
+        goto done;
+    }
+    for (int t = 0; t < ntab; t++) {
+        uint64_t *ctrl = (uint64_t *)(fast + (size_t)t * stride);
+        VARIANT(Syms) *syms = (VARIANT(Syms) *)(ctrl + WSIZE);
+        for (unsigned y = 0; y < WSIZE; y++) {
+            const Entry *d = multi + (size_t)t * WSIZE + y;
+            ctrl[y] = (uint64_t)d->bits | (uint64_t)d->count << 8 |
+                      (uint64_t)(uintptr_t)(fast + (size_t)d->next * stride) << 16;
+            syms[y] = d->syms;
         }
     }
     if (end - p < 4 * NSTREAMS) {
@@ -148,28 +239,26 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     }
     size_t start[NSTREAMS + 1];
     stream_bounds(n, start);
-    /* each stream's bit reader: the next bits in buf (avail of them), refilled from rp */
+    /* each stream's bit reader: the next bits in buf, below a marker bit (so the bits held
+     * are the marker's position), refilled from rp; nxt: its context's control words */
     const uint8_t *rp[NSTREAMS];
     uint64_t buf[NSTREAMS];
-    unsigned avail[NSTREAMS];
-    const char *tab[NSTREAMS], *tables = (const char *)multi;
+    const char *nxt[NSTREAMS];
     uint8_t *o[NSTREAMS];
     for (int i = 0; i < NSTREAMS; i++) {
         rp[i] = base[i];
-        buf[i] = 0;
-        avail[i] = 0;
-        tab[i] = tables + (size_t)table_of[START] * TABLE_BYTES;
+        buf[i] = 1;
+        nxt[i] = fast + (size_t)table_of[START] * stride;
         o[i] = out + start[i];
     }
     /* LANES slots decode together; a stream leaves its slot when it has no room left for a
      * round of look-ups and the next stream takes it, or an idle lane that decodes zeros
      * into a sink (so the slots stay in lockstep however the streams' sizes differ). */
     static const uint8_t zeros[8 * CHECK_EVERY + 8];
-    uint8_t sink[MULTI * PER_REFILL * CHECK_EVERY + 8];
+    uint8_t sink[MULTI * WREFILL * CHECK_EVERY + 8];
     const uint8_t *s_rp[LANES];
     uint64_t s_buf[LANES];
-    unsigned s_avail[LANES];
-    const char *s_tab[LANES];
+    const char *s_nxt[LANES];
     uint8_t *s_o[LANES], *s_end[LANES];
     int s_id[LANES], next = 0;
     for (int j = 0; j < LANES; j++)
@@ -177,18 +266,17 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     for (;;) {
         int active = 0;
         for (int j = 0; j < LANES; j++) { /* retire streams short of a round, fill slots */
-            if (s_id[j] >= 0 && (size_t)(s_end[j] - s_o[j]) < MULTI * PER_REFILL) {
+            if (s_id[j] >= 0 && (size_t)(s_end[j] - s_o[j]) < MULTI * WREFILL) {
                 int i = s_id[j];
-                rp[i] = s_rp[j], buf[i] = s_buf[j], avail[i] = s_avail[j];
-                tab[i] = s_tab[j], o[i] = s_o[j];
+                rp[i] = s_rp[j], buf[i] = s_buf[j], nxt[i] = s_nxt[j], o[i] = s_o[j];
                 s_id[j] = -1;
             }
             while (s_id[j] < 0 && next < NSTREAMS) {
                 int i = next++;
-                if ((size_t)(out + start[i + 1] - o[i]) < MULTI * PER_REFILL)
+                if ((size_t)(out + start[i + 1] - o[i]) < MULTI * WREFILL)
                     continue;
-                s_rp[j] = rp[i], s_buf[j] = buf[i], s_avail[j] = avail[i];
-                s_tab[j] = tab[i], s_o[j] = o[i], s_end[j] = out + start[i + 1];
+                s_rp[j] = rp[i], s_buf[j] = buf[i], s_nxt[j] = nxt[i];
+                s_o[j] = o[i], s_end[j] = out + start[i + 1];
                 s_id[j] = i;
             }
             active += s_id[j] >= 0;
@@ -198,34 +286,18 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         size_t room = SIZE_MAX;
         for (int j = 0; j < LANES; j++) {
             if (s_id[j] < 0) {
-                s_rp[j] = zeros, s_buf[j] = 0, s_avail[j] = 0, s_tab[j] = tables;
-                s_o[j] = sink;
+                s_rp[j] = zeros, s_buf[j] = 1, s_nxt[j] = fast, s_o[j] = sink;
                 continue;
             }
             size_t r = (size_t)(s_end[j] - s_o[j]);
             room = r < room ? r : room;
         }
-        size_t rounds = room / (MULTI * PER_REFILL);
+        size_t rounds = room / (MULTI * WREFILL);
         rounds = rounds < CHECK_EVERY ? rounds : CHECK_EVERY;
         uint8_t *before[LANES];
         for (int j = 0; j < LANES; j++)
             before[j] = s_o[j];
-        for (size_t k = 0; k < rounds; k++) {
-            for (int j = 0; j < LANES; j++) {
-                s_buf[j] |= *(const u64u *)s_rp[j] << s_avail[j];
-                s_rp[j] += (63 - s_avail[j]) >> 3;
-                s_avail[j] |= 56;
-            }
-            for (int r = 0; r < PER_REFILL; r++)
-                for (int j = 0; j < LANES; j++) {
-                    const Entry *e = (const Entry *)(s_tab[j]) + (s_buf[j] & (TABSIZE - 1));
-                    *(SymsU *)s_o[j] = e->syms;
-                    s_o[j] += e->count;
-                    s_buf[j] >>= e->bits;
-                    s_avail[j] -= e->bits;
-                    s_tab[j] = tables + e->next * TABLE_BYTES;
-                }
-        }
+        VARIANT(rounds)(rounds, s_rp, s_buf, s_nxt, s_o);
         /* a stream on a pattern no code starts with stops moving: it shows as a lane that
          * decoded fewer symbols than look-ups, here or in a later round */
         unsigned bad = 0;
@@ -233,13 +305,19 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
             if (s_id[j] < 0)
                 continue;
             int i = s_id[j];
-            bad |= ((uint64_t)(s_rp[j] - base[i]) * 8 - s_avail[j] > limit[i]) |
-                   ((size_t)(s_o[j] - before[j]) < rounds * PER_REFILL);
+            bad |= ((uint64_t)(s_rp[j] - base[i]) * 8 - HELD(s_buf[j]) > limit[i]) |
+                   ((size_t)(s_o[j] - before[j]) < rounds * WREFILL);
         }
         if (bad) {
             rc = E_DATA;
             goto done;
         }
+    }
+    unsigned avail[NSTREAMS];
+    const char *tables = fast;
+    for (int i = 0; i < NSTREAMS; i++) { /* the tail's readers count their bits */
+        avail[i] = HELD(buf[i]);
+        buf[i] ^= (uint64_t)1 << avail[i];
     }
 #define CONSUMED(i) ((uint64_t)(rp[i] - base[i]) * 8 - avail[i])
 #define REFILL(i)                                                                             \
@@ -249,11 +327,11 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         avail[i] |= 56;                                                                       \
     } while (0)
     for (int i = 0; i < NSTREAMS; i++) { /* each stream's last symbols, one at a time */
-        unsigned cur = (unsigned)((size_t)(tab[i] - tables) / TABLE_BYTES);
+        unsigned cur = (unsigned)((size_t)(nxt[i] - tables) / stride);
         while (o[i] < out + start[i + 1]) {
-            if (avail[i] < MAXBITS)
+            if (avail[i] < WBITS)
                 REFILL(i);
-            uint16_t e = single[(size_t)cur * TABSIZE + (buf[i] & (TABSIZE - 1))];
+            uint16_t e = single[(size_t)cur * WSIZE + (buf[i] & (WSIZE - 1))];
             if (!(e >> 8)) {
                 rc = E_DATA;
                 goto done;
@@ -282,3 +360,6 @@ done:
 #undef Entry
 #undef SymsU
 #undef TABLE_BYTES
+#undef WBITS
+#undef WSIZE
+#undef WREFILL

@@ -59,6 +59,10 @@ CHANNEL_DTYPES = ("bf16",)
 #: top three exponent bits: its high byte has more bits of entropy, so each table look-up
 #: decodes fewer symbols, and fewer, cache-resident tables decode faster for a little ratio.
 O1_SHIFT = {"bf16": 0, "fp16": 4}
+#: Mode 2's longest code. bf16's high byte takes few bits a symbol, so codes of at most 9 bits
+#: cost it little ratio and let the decoder's tables stay in the fastest cache; fp16's takes
+#: more, and shorter codes would cost it more than they speed up.
+O1_MAXBITS = {"bf16": 9, "fp16": 11}
 #: A plane is stored coded only when that saves at least this share of its bytes.
 PLANE_MIN_GAIN = 1 / 128
 #: Mode 2 zstd-codes the low plane only when that (and first a sample spread over the plane)
@@ -205,10 +209,11 @@ class PlaneCodec:
         high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
         _kvcore.split(raw, high, low, tokens, channels)
         probe = high[:PROBE_BYTES]
-        sample = _kvcore.o1_encode(probe, shift)
+        maxbits = O1_MAXBITS[dtype]
+        sample = _kvcore.o1_encode(probe, shift, maxbits)
         if sample is None or len(sample) > PROBE_MAX_SHARE * probe.size:
             return None
-        hi_sec: bytes | memoryview | None = _kvcore.o1_encode(high, shift)
+        hi_sec: bytes | memoryview | None = _kvcore.o1_encode(high, shift, maxbits)
         hi_coded = hi_sec is not None and len(hi_sec) <= n * (1 - PLANE_MIN_GAIN)
         if not hi_coded:
             hi_sec = memoryview(high)
@@ -293,20 +298,20 @@ class PlaneCodec:
 
 
 # --- mode 2's high section in Python (where the C part is not built; a test reference) -------
-_O1_VERSION, _O1_MAXBITS, _O1_STREAMS, _O1_START = 1, 11, 8, 256
+_O1_VERSION, _O1_STREAMS, _O1_START = 1, 8, 256
+#: the longest code lengths a section may declare (the C decoder has tables for these)
+_O1_WINDOWS = (9, 11)
 
 
-def _canonical(lens: dict[int, int]) -> dict[tuple[int, int], int]:
+def _canonical(lens: dict[int, int], maxbits: int) -> dict[tuple[int, int], int]:
     """(length, MSB-first code) → symbol of canonical code lengths (DEFLATE's assignment)."""
-    count = [0] * (_O1_MAXBITS + 1)
+    count = [0] * (maxbits + 1)
     for length in lens.values():
         count[length] += 1
-    if sum(count[ln] << (_O1_MAXBITS - ln) for ln in range(1, _O1_MAXBITS + 1)) > (
-        1 << _O1_MAXBITS
-    ):
+    if sum(count[ln] << (maxbits - ln) for ln in range(1, maxbits + 1)) > (1 << maxbits):
         raise CorruptBlockError("kv payload does not decode: a code table is not valid")
-    code, nxt = 0, [0] * (_O1_MAXBITS + 1)
-    for ln in range(1, _O1_MAXBITS + 1):
+    code, nxt = 0, [0] * (maxbits + 1)
+    for ln in range(1, maxbits + 1):
         code = (code + count[ln - 1]) << 1
         nxt[ln] = code
     out = {}
@@ -325,8 +330,9 @@ def o1_decode_py(section, n: int) -> np.ndarray:
 
     if len(b) < 45:
         raise bad("section truncated")
-    if b[0] != _O1_VERSION or b[1] != _O1_MAXBITS or b[2] != _O1_STREAMS or b[3] > 7:
+    if b[0] != _O1_VERSION or b[1] not in _O1_WINDOWS or b[2] != _O1_STREAMS or b[3] > 7:
         raise bad("section header is not valid")
+    maxbits = b[1]
     shift, count, ctxmap = b[3], int.from_bytes(b[4:12], "little"), b[12:45]
     if count != n:
         raise bad("section holds another number of symbols")
@@ -349,11 +355,11 @@ def o1_decode_py(section, n: int) -> np.ndarray:
         lens = {}
         for i, s in enumerate(syms):
             nib = b[p + i // 2] >> (4 * (i % 2)) & 15
-            if nib == 0 or nib > _O1_MAXBITS:
+            if nib == 0 or nib > maxbits:
                 raise bad("a code table is not valid")
             lens[s] = nib
         p += (len(syms) + 1) // 2
-        tables.append(_canonical(lens))
+        tables.append(_canonical(lens, maxbits))
     if len(b) - p < 4 * _O1_STREAMS:
         raise bad("section truncated")
     lengths = struct.unpack_from(f"<{_O1_STREAMS}I", b, p)
@@ -369,7 +375,7 @@ def o1_decode_py(section, n: int) -> np.ndarray:
         for k in range(lo, hi):
             code, ln = 0, 0
             while True:
-                if ln == _O1_MAXBITS or pos >= len(bits):
+                if ln == maxbits or pos >= len(bits):
                     raise bad("a stream does not decode to its length")
                 code, ln, pos = code << 1 | bits[pos], ln + 1, pos + 1
                 sym = table.get((ln, code))

@@ -179,3 +179,18 @@ def test_decode_planes_checks_its_sizes():
         K.decode_planes(b"\x00" * 100, False, low, out[:199], 10, 10)
     with pytest.raises(ValueError):  # not a section
         K.decode_planes(b"\x00" * 50, True, low, out, 10, 10)
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 1001, 8192])
+def test_high_entropy_is_numpys_order0_entropy_of_the_high_bytes(count):
+    raw = np.random.default_rng(count).integers(0, 7, 2 * count + 10, dtype=np.uint8)
+    high = raw[1 : 2 * count : 2]
+    p = np.bincount(high, minlength=256)
+    p = p[p > 0] / high.size
+    assert K.high_entropy(raw, count) == pytest.approx(float(-(p * np.log2(p)).sum()), abs=1e-9)
+
+
+def test_high_entropy_refuses_a_count_beyond_the_buffer():
+    for count in (0, 6):
+        with pytest.raises(ValueError):
+            K.high_entropy(np.zeros(11, np.uint8), count)

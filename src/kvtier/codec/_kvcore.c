@@ -6,6 +6,7 @@
  *                                            Huffman section, codes of MAXBITS or NARROW bits
  * o1_decode(section, out)                    the inverse; ValueError for a bad section
  * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
+ * high_entropy(raw, count) -> float         order-0 entropy of the first high bytes
  *
  * Why C: numpy's strided transposes and zstd's match decoding are where a kv block's decode
  * spent its time; here a block is split and merged in one pass of 16-bit words, and the high
@@ -30,6 +31,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -581,6 +583,7 @@ static const char *const ERRORS[] = {
     "section holds another number of symbols",
     "out of memory"};
 
+#define PACKED 0
 #define VARIANT(name) name##_m8
 #define MULTI 8
 #define WINDOW 11
@@ -595,10 +598,13 @@ static const char *const ERRORS[] = {
 #undef WINDOW
 #undef MULTI
 #undef VARIANT
+#undef PACKED
 #define VARIANT(name) name##_n
-#define MULTI 8
+#define MULTI 4
 #define WINDOW NARROW
+#define PACKED 1
 #include "_kvcore_decode.h"
+#undef PACKED
 #undef WINDOW
 #undef MULTI
 #undef VARIANT
@@ -782,6 +788,40 @@ out:
     return res;
 }
 
+/* Order-0 entropy, in bits a symbol, of the high bytes of the first ``count`` 16-bit words. */
+static PyObject *
+py_high_entropy(PyObject *self, PyObject *args)
+{
+    Py_buffer raw;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &raw, &count))
+        return NULL;
+    if (count < 1 || count > raw.len / 2) {
+        PyBuffer_Release(&raw);
+        PyErr_SetString(PyExc_ValueError, "high_entropy: count must be 1 to len(raw) // 2");
+        return NULL;
+    }
+    uint32_t hist[4][256] = {{0}};
+    const uint8_t *p = raw.buf;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= count; i += 4) { /* four histograms: repeats do not wait on each other */
+        hist[0][p[2 * i + 1]]++;
+        hist[1][p[2 * i + 3]]++;
+        hist[2][p[2 * i + 5]]++;
+        hist[3][p[2 * i + 7]]++;
+    }
+    for (; i < count; i++)
+        hist[0][p[2 * i + 1]]++;
+    PyBuffer_Release(&raw);
+    double bits = 0, total = (double)count;
+    for (int s = 0; s < 256; s++) {
+        uint32_t c = hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
+        if (c)
+            bits -= c / total * log2(c / total);
+    }
+    return PyFloat_FromDouble(bits);
+}
+
 static PyMethodDef methods[] = {
     {"split", py_split, METH_VARARGS,
      "split(raw, high, low, tokens, channels): the two planes of raw's 16-bit words."},
@@ -792,6 +832,9 @@ static PyMethodDef methods[] = {
      "(None: no gain)."},
     {"o1_decode", py_o1_decode, METH_VARARGS,
      "o1_decode(section, out): decode a section into out (its size is the symbol count)."},
+    {"high_entropy", py_high_entropy, METH_VARARGS,
+     "high_entropy(raw, count) -> float: order-0 entropy (bits a symbol) of the high bytes of "
+     "the first count 16-bit words."},
     {"decode_planes", py_decode_planes, METH_VARARGS,
      "decode_planes(high, coded, low, out, tokens, channels): decode the high section (when "
      "coded) and merge it with the low plane into out."},

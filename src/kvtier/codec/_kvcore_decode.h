@@ -24,6 +24,17 @@ typedef struct {
     uint8_t count, bits;
 } VARIANT(Entry);
 #define Entry VARIANT(Entry)
+#if PACKED
+/* one 8-byte word an entry: bits (0-5), count (6-8), the next table's byte offset (12-20: the
+ * table's index, 4 KiB each) and the symbols (32-63) */
+#define ENTRY_BYTES 8
+#define OFFSET_MASK ((uint64_t)0x1ff000)
+#if MULTI != 4 || WINDOW != 9
+#error "a packed entry holds four symbols of a 9-bit window"
+#endif
+#else
+#define ENTRY_BYTES (8 + sizeof(VARIANT(Syms)))
+#endif
 #define SymsU VARIANT(SymsU)
 #define TABLE_BYTES ((size_t)WSIZE * sizeof(Entry))
 
@@ -31,7 +42,8 @@ typedef struct {
  * reader is a bit buffer with a marker bit above its bits, a pointer into its stream, the
  * control words of its context and its output). */
 static inline __attribute__((always_inline)) void
-VARIANT(rounds_body)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+VARIANT(rounds_body)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
+ const char **s_nxt,
                      uint8_t **s_o)
 {
     const uint8_t *rp[LANES];
@@ -48,6 +60,17 @@ VARIANT(rounds_body)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const
             held |= 56;
             b[j] = (v & (((uint64_t)1 << held) - 1)) | (uint64_t)1 << held;
         }
+#if PACKED
+        for (int r = 0; r < WREFILL; r++)
+            for (int j = 0; j < LANES; j++) {
+                size_t x = (size_t)(b[j] & (WSIZE - 1));
+                uint64_t c = *(const uint64_t *)(nx[j] + 8 * x);
+                *(SymsU *)o[j] = (uint32_t)(c >> 32);
+                o[j] += (c >> 6) & 7;
+                b[j] >>= c & 63;
+                nx[j] = base + (c & OFFSET_MASK);
+            }
+#else
         for (int r = 0; r < WREFILL; r++)
             for (int j = 0; j < LANES; j++) {
                 size_t x = (size_t)(b[j] & (WSIZE - 1));
@@ -58,6 +81,7 @@ VARIANT(rounds_body)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const
                 b[j] >>= c & 63;
                 nx[j] = (const char *)(uintptr_t)(c >> 16);
             }
+#endif
     }
     for (int j = 0; j < LANES; j++)
         s_rp[j] = rp[j], s_buf[j] = b[j], s_nxt[j] = nx[j], s_o[j] = o[j];
@@ -65,31 +89,34 @@ VARIANT(rounds_body)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const
 
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("bmi,bmi2"))) static void
-VARIANT(rounds_bmi2)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+VARIANT(rounds_bmi2)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
+ const char **s_nxt,
                      uint8_t **s_o)
 {
-    VARIANT(rounds_body)(rounds, s_rp, s_buf, s_nxt, s_o);
+    VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 #endif
 
 static void
-VARIANT(rounds_plain)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+VARIANT(rounds_plain)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
+ const char **s_nxt,
                       uint8_t **s_o)
 {
-    VARIANT(rounds_body)(rounds, s_rp, s_buf, s_nxt, s_o);
+    VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 
 static void
-VARIANT(rounds)(size_t rounds, const uint8_t **s_rp, uint64_t *s_buf, const char **s_nxt,
+VARIANT(rounds)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
+ const char **s_nxt,
                 uint8_t **s_o)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("bmi2")) {
-        VARIANT(rounds_bmi2)(rounds, s_rp, s_buf, s_nxt, s_o);
+        VARIANT(rounds_bmi2)(base, rounds, s_rp, s_buf, s_nxt, s_o);
         return;
     }
 #endif
-    VARIANT(rounds_plain)(rounds, s_rp, s_buf, s_nxt, s_o);
+    VARIANT(rounds_plain)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 
 /* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols. */
@@ -115,7 +142,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     size_t nt = (size_t)ntab, sz_multi = nt * WSIZE * sizeof(Entry),
            sz_narrow = nt * (WSIZE - 1) * sizeof(Entry), sz_single = nt * WSIZE * 2;
     int owned;
-    size_t sz_fast = nt * (size_t)WSIZE * (8 + sizeof(VARIANT(Syms))) + 64;
+    size_t sz_fast = nt * (size_t)WSIZE * ENTRY_BYTES + 64;
     char *mem = scratch_get(SCRATCH_TABLES, sz_multi + sz_narrow + sz_single + nt * 256 + sz_fast,
                             &owned);
     if (!mem)
@@ -199,13 +226,26 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
      * WSIZE symbol words. A control word holds the bits the entry consumes (byte 0: a
      * shift by the whole word shifts by them), its symbol count (byte 1) and the address of
      * the next context's control words (bits 16-63), so one load gives all a look-up needs. */
-    const size_t stride = (size_t)WSIZE * (8 + sizeof(VARIANT(Syms)));
+    const size_t stride = (size_t)WSIZE * ENTRY_BYTES;
     char *fast = mem + sz_multi + sz_narrow + sz_single + nt * 256;
     fast += (64 - (uintptr_t)fast % 64) % 64;
     if (((uintptr_t)fast + nt * stride) >> 48) {
         rc = E_MEMORY; /* addresses must fit the control word's 48 bits */
         goto done;
     }
+#if PACKED
+    for (int t = 0; t < ntab; t++) {
+        uint64_t *word = (uint64_t *)(fast + (size_t)t * stride);
+        for (unsigned y = 0; y < WSIZE; y++) {
+            const Entry *d = multi + (size_t)t * WSIZE + y;
+            word[y] = (uint64_t)d->bits | (uint64_t)d->count << 6 |
+                      ((uint64_t)d->next * stride & OFFSET_MASK) | (uint64_t)d->syms << 32;
+        }
+    }
+    if (0) {
+#else
+    {
+#endif
     for (int t = 0; t < ntab; t++) {
         uint64_t *ctrl = (uint64_t *)(fast + (size_t)t * stride);
         VARIANT(Syms) *syms = (VARIANT(Syms) *)(ctrl + WSIZE);
@@ -215,6 +255,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
                       (uint64_t)(uintptr_t)(fast + (size_t)d->next * stride) << 16;
             syms[y] = d->syms;
         }
+    }
     }
     if (end - p < 4 * NSTREAMS) {
         rc = E_SHORT;
@@ -297,7 +338,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         uint8_t *before[LANES];
         for (int j = 0; j < LANES; j++)
             before[j] = s_o[j];
-        VARIANT(rounds)(rounds, s_rp, s_buf, s_nxt, s_o);
+        VARIANT(rounds)(fast, rounds, s_rp, s_buf, s_nxt, s_o);
         /* a stream on a pattern no code starts with stops moving: it shows as a lane that
          * decoded fewer symbols than look-ups, here or in a later round */
         unsigned bad = 0;
@@ -358,6 +399,8 @@ done:
 }
 
 #undef Entry
+#undef ENTRY_BYTES
+#undef OFFSET_MASK
 #undef SymsU
 #undef TABLE_BYTES
 #undef WBITS

@@ -136,6 +136,8 @@ def merge_planes(high, low, out: np.ndarray, tokens: int, channels: int) -> None
 
 def _entropy_bits(raw: memoryview) -> float:
     """Order-0 entropy (bits a symbol) of the first ``QUICK_PROBE`` high bytes of 16-bit words."""
+    if _kvcore is not None:
+        return _kvcore.high_entropy(raw, QUICK_PROBE)
     sample = np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2]
     counts = np.bincount(sample, minlength=256)
     p = counts[counts > 0] / sample.size

@@ -1,8 +1,10 @@
 """A slab arena: fixed-size slots carved from a few large preallocated buffers, reused forever.
 
 The memory tier stores every block in slots of one size; a block larger than a slot takes
-several (not necessarily adjacent) slots. Buffers are mapped in chunks as the tier fills, up to
-the capacity, pre-faulted, and never returned: a put reuses a freed slot instead of allocating.
+several, consecutive where a free run of them is long enough (the smallest such run, so long
+runs stay whole): then the block is one buffer, copied in and out in one piece. Buffers are
+mapped in chunks as the tier fills, up to the capacity, pre-faulted, and never returned: a put
+reuses freed slots instead of allocating.
 With ``pinned`` the chunks are page-locked host memory from torch (for fast device copies).
 The arena is not thread-safe; its owner serializes ``alloc``/``free``.
 """
@@ -48,18 +50,22 @@ class SlabArena:
         self.per_chunk = max(1, min(self.slots, CHUNK_BYTES // slot_size))
         self._chunks: list[np.ndarray] = []
         self._tensors: list = []
-        self._free: list[int] = []
+        self._is_free = np.zeros(self.slots, bool)  # by slot, over the mapped ones
+        self._nfree = 0
+        # free slots to hand out one at a time (pop() gives them in order); an entry whose
+        # slot a run took since is stale, and skipped
+        self._stack: list[int] = []
         self._mapped = 0  # slots carved so far
 
     @property
     def free_slots(self) -> int:
         """Slots that ``alloc`` can hand out now (free ones plus those not yet mapped)."""
-        return len(self._free) + self.slots - self._mapped
+        return self._nfree + self.slots - self._mapped
 
     @property
     def held_slots(self) -> int:
         """Slots handed out and not freed."""
-        return self._mapped - len(self._free)
+        return self._mapped - self._nfree
 
     @property
     def mapped_bytes(self) -> int:
@@ -72,20 +78,80 @@ class SlabArena:
         chunk = _pinned_array(nbytes, self._tensors) if self.pinned else aligned_array(nbytes)
         self._chunks.append(chunk)
         first = self._mapped
+        self._is_free[first : first + n] = True
+        self._stack.extend(range(first + n - 1, first - 1, -1))
         self._mapped += n
-        self._free.extend(range(first + n - 1, first - 1, -1))  # pop() hands out in order
+        self._nfree += n
+
+    def _run(self, n: int) -> int | None:
+        """The first slot of the smallest free run of at least ``n`` slots within one chunk."""
+        rows, per = -(-self._mapped // self.per_chunk), self.per_chunk
+        inner = np.zeros(rows * per, np.int8)
+        inner[: self._mapped] = self._is_free[: self._mapped]
+        grid = np.zeros((rows, per + 2), np.int8)  # a taken slot either side of each chunk
+        grid[:, 1:-1] = inner.reshape(rows, per)
+        edges = np.diff(grid.ravel())
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        lengths = ends - starts
+        fits = np.flatnonzero(lengths >= n)
+        if not fits.size:
+            return None
+        row, col = divmod(int(starts[fits[np.argmin(lengths[fits])]]), per + 2)
+        return row * per + col
+
+    def _top_run(self, n: int) -> int | None:
+        """The first slot of the run the last ``n`` entries of the stack name, when they name
+        ``n`` free consecutive slots of one chunk (a block that just left frees such a run,
+        which the next block of its size reuses without a search)."""
+        top = self._stack[-n:]
+        first = top[-1] if len(top) == n else -1
+        if first < 0 or top != list(range(first + n - 1, first - 1, -1)):
+            return None
+        if first // self.per_chunk != (first + n - 1) // self.per_chunk:
+            return None
+        if not self._is_free[first : first + n].all():
+            return None
+        del self._stack[-n:]
+        return first
+
+    def _pop(self) -> int:
+        while True:
+            slot = self._stack.pop()
+            if self._is_free[slot]:
+                return slot
 
     def alloc(self, n: int) -> list[int] | None:
-        """``n`` slots, or None (nothing taken) when fewer are free."""
+        """``n`` slots, or None (nothing taken) when fewer are free: one run of consecutive
+        slots when there is one (mapping a new chunk for it while the arena can grow)."""
         if n > self.free_slots:
             return None
-        while len(self._free) < n:
+        while self._nfree < n:
             self._grow()
-        return [self._free.pop() for _ in range(n)]
+        first = None
+        if n > 1:
+            first = self._top_run(n)
+            first = self._run(n) if first is None else first
+        while first is None and 1 < n <= self.per_chunk and self._mapped < self.slots:
+            self._grow()
+            first = self._run(n)
+        if first is not None:
+            slots = list(range(first, first + n))
+            self._is_free[first : first + n] = False
+        else:
+            slots = []
+            for _ in range(n):
+                slots.append(self._pop())
+                self._is_free[slots[-1]] = False
+        self._nfree -= n
+        return slots
 
     def free(self, slots: list[int]) -> None:
         """Give slots back for reuse."""
-        self._free.extend(reversed(slots))
+        self._is_free[slots] = True
+        self._nfree += len(slots)
+        self._stack.extend(reversed(slots))
+        if len(self._stack) > 2 * self._mapped + 64:  # drop the stale entries
+            self._stack = np.flatnonzero(self._is_free[: self._mapped])[::-1].tolist()
 
     def span(self, slots: list[int]) -> np.ndarray | None:
         """One view of ``slots`` when they are consecutive in one chunk (else None): a block

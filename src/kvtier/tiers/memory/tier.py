@@ -290,6 +290,8 @@ class MemoryTier(Tier):
                 self._drain_locked()
                 arena = self._arena or self._make_arena(total)
                 need = max(1, -(-total // arena.slot_size))
+                if need > 1:  # room for the payload to start on a page (see _copy_in)
+                    need = -(-(PAGE + stored.nbytes) // arena.slot_size)
                 slots = self._alloc_locked(arena, need)
                 evicted = self.ledger.take_evicted()
             if slots is None:
@@ -409,7 +411,7 @@ class MemoryTier(Tier):
         # a payload that leaves a page for the header in its slot (any payload of whole pages)
         # starts on a page, like the caller's buffers: a copy between buffers 128 bytes apart
         # runs slower
-        first = PAGE if len(views) == 1 and PAGE + n <= arena.slot_size else HEADER_SIZE
+        first = PAGE if len(views) == 1 and PAGE + n <= views[0].nbytes else HEADER_SIZE
         parts = []
         for i, view in enumerate(views):
             room = view[first:] if i == 0 else view

@@ -25,12 +25,12 @@ typedef struct {
 } VARIANT(Entry);
 #define Entry VARIANT(Entry)
 #if PACKED
-/* one 8-byte word an entry: bits (0-5), count (6-8), the next table's byte offset (12-20: the
- * table's index, 4 KiB each) and the symbols (32-63) */
+/* one 8-byte word an entry: bits (0-5), count (6-8), the next table's byte offset (the
+ * table's index, 9 bits, times the table's 8 << WINDOW bytes) and the symbols (32-63) */
 #define ENTRY_BYTES 8
-#define OFFSET_MASK ((uint64_t)0x1ff000)
-#if MULTI != 4 || WINDOW != 9
-#error "a packed entry holds four symbols of a 9-bit window"
+#define OFFSET_MASK ((uint64_t)511 << (WINDOW + 3))
+#if MULTI != 4 || WINDOW + 12 > 32
+#error "a packed entry holds four symbols, and the offset must fit below them"
 #endif
 #else
 #define ENTRY_BYTES (8 + sizeof(VARIANT(Syms)))

@@ -199,11 +199,86 @@ split_group(const uint8_t *raw, uint8_t *restrict high, uint8_t *restrict low, s
  * anyway, and a store that skips reading the line first halves the memory traffic. */
 #define STREAM_MIN ((size_t)1 << 20)
 
+#if SIMD_PLANES && defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define AVX2_PLANES 1
+/* transpose16 on both 128-bit lanes at once: two 16x16 byte matrices. */
+__attribute__((target("avx2"))) static inline void
+transpose16x2(const __m256i *r, __m256i *v)
+{
+    __m256i a[16], b[4][4], c[2][8];
+    for (int p = 0; p < 8; p++) {
+        a[2 * p] = _mm256_unpacklo_epi8(r[2 * p], r[2 * p + 1]);
+        a[2 * p + 1] = _mm256_unpackhi_epi8(r[2 * p], r[2 * p + 1]);
+    }
+    for (int q = 0; q < 4; q++) {
+        b[q][0] = _mm256_unpacklo_epi16(a[4 * q], a[4 * q + 2]);
+        b[q][1] = _mm256_unpackhi_epi16(a[4 * q], a[4 * q + 2]);
+        b[q][2] = _mm256_unpacklo_epi16(a[4 * q + 1], a[4 * q + 3]);
+        b[q][3] = _mm256_unpackhi_epi16(a[4 * q + 1], a[4 * q + 3]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int u = 0; u < 4; u++) {
+            c[h][2 * u] = _mm256_unpacklo_epi32(b[2 * h][u], b[2 * h + 1][u]);
+            c[h][2 * u + 1] = _mm256_unpackhi_epi32(b[2 * h][u], b[2 * h + 1][u]);
+        }
+    for (int m = 0; m < 8; m++) {
+        v[2 * m] = _mm256_unpacklo_epi64(c[0][m], c[1][m]);
+        v[2 * m + 1] = _mm256_unpackhi_epi64(c[0][m], c[1][m]);
+    }
+}
+
+/* merge_group's row-at-a-time path on 32 channels a step (channels a multiple of 32, at most
+ * MERGE_ROW); ``stream``: streaming stores (``out`` 32-aligned). */
+__attribute__((target("avx2"))) static void
+merge_group_avx2(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, size_t tokens,
+                 size_t channels, int stream)
+{
+    __m256i rows[MERGE_ROW / 2]; /* [32-channel block][token]: lane k holds channels +16k */
+    for (size_t t0 = 0; t0 < tokens; t0 += 16) {
+        for (size_t c0 = 0; c0 < channels; c0 += 32) {
+            __m256i h[16];
+            for (int j = 0; j < 16; j++)
+                h[j] = _mm256_loadu2_m128i((const __m128i *)(high + (c0 + 16 + j) * tokens + t0),
+                                           (const __m128i *)(high + (c0 + j) * tokens + t0));
+            transpose16x2(h, rows + c0 / 2);
+        }
+        for (int i = 0; i < 16; i++) {
+            const uint8_t *lo = low + (t0 + i) * channels;
+            uint8_t *dst = out + 2 * (t0 + i) * channels;
+            for (size_t c0 = 0; c0 < channels; c0 += 32) {
+                __m256i l = _mm256_loadu_si256((const __m256i *)(lo + c0));
+                __m256i v = rows[c0 / 2 + (size_t)i];
+                __m256i a = _mm256_unpacklo_epi8(l, v), b = _mm256_unpackhi_epi8(l, v);
+                __m256i first = _mm256_permute2x128_si256(a, b, 0x20);
+                __m256i second = _mm256_permute2x128_si256(a, b, 0x31);
+                if (stream) {
+                    _mm256_stream_si256((__m256i *)(dst + 2 * c0), first);
+                    _mm256_stream_si256((__m256i *)(dst + 2 * c0 + 32), second);
+                } else {
+                    _mm256_storeu_si256((__m256i *)(dst + 2 * c0), first);
+                    _mm256_storeu_si256((__m256i *)(dst + 2 * c0 + 32), second);
+                }
+            }
+        }
+    }
+}
+#else
+#define AVX2_PLANES 0
+#endif
+
 /* The inverse of split_group; ``stream``: write with streaming stores (``out`` 16-aligned). */
 static void
 merge_group(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, size_t tokens,
             size_t channels, int stream)
 {
+#if AVX2_PLANES
+    if (tokens % 16 == 0 && channels % 32 == 0 && channels <= MERGE_ROW &&
+        (!stream || (uintptr_t)out % 32 == 0) && __builtin_cpu_supports("avx2")) {
+        merge_group_avx2(high, low, out, tokens, channels, stream);
+        return;
+    }
+#endif
 #if SIMD_PLANES
     if (tokens % 16 == 0 && channels % 16 == 0 && channels <= MERGE_ROW) {
         /* 16 tokens at a time: all their channels transposed first, then each token's row

@@ -128,6 +128,10 @@ def runs(prompts, tmp_path_factory):
                 "run_when": str(work / "first.ready"),
                 "steps": [
                     {"prompts": [P], "max_tokens": SHORT},
+                    # P's prefix came from the disk; its promotion into host memory finishes
+                    # before S looks it up, so both S requests load it the same way (in step)
+                    # and vLLM preempts the same one of them every run
+                    {"sleep": 3},
                     {"prompts": S, "max_tokens": LONG},
                 ],
             },
@@ -235,7 +239,7 @@ def test_preempted_requests_reload_from_kvtier_and_give_the_same_tokens(runs, pr
     tokens. The other request is compared up to the preemption (its 52nd token, when the pool
     runs out): after it, it decodes alone instead of in a batch of two, and vLLM's CPU kernels
     do not give batch-invariant arithmetic, with or without kvtier."""
-    ref, second = _tokens(runs["reference"], 5), _tokens(runs["second"], 1)
+    ref, second = _tokens(runs["reference"], 5), _tokens(runs["second"], 2)
     by_hash = {}
     for s in prompts["S"]:
         by_hash[id(s)] = _by_prompt(runs["records"]["second"], s)

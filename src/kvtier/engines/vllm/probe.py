@@ -9,11 +9,12 @@ The spec (JSON) says how to build the engine and what to do::
      "start_when": "/tmp/go", "run_when": "/tmp/turn",
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
                {"corrupt": "/dir/**/*.kv"}, {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
-               {"signal": "/tmp/ready", "wait_for": "/tmp/go"}]}
+               {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
 Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
 other in a small pool); the other steps damage tiers between prompts (flip bytes in files, delete
-files, replace a tier's directory with a file) or synchronise with another process.
+files, replace a tier's directory with a file), synchronise with another process, or pause
+(``sleep``: seconds, e.g. for the connector's writer threads to finish a promotion).
 ``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
 ``run_when`` the first step (engines start up together, then compute one at a time).
 The output is ``{"steps": [{"tokens": [[...], ...], "seconds": s}, ...]}``. Tests run each
@@ -55,6 +56,8 @@ def _damage(step: dict) -> None:
         Path(step["kill"]).write_text("this tier is gone\n")
     if "signal" in step:
         Path(step["signal"]).write_text("ready\n")
+    if "sleep" in step:
+        time.sleep(float(step["sleep"]))
     if "wait_for" in step:
         deadline = time.monotonic() + float(step.get("timeout", 300))
         while not Path(step["wait_for"]).exists() and time.monotonic() < deadline:

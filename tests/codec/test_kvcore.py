@@ -72,6 +72,21 @@ def test_merge_of_a_large_block_streams_its_stores_and_stays_exact(offset):
     assert (buf[:start] == 0xA5).all() and (buf[start + 2 * n :] == 0xA5).all()
 
 
+@pytest.mark.parametrize("channels", [1040, 2080])
+def test_merge_of_more_channels_than_one_transpose_takes_stays_exact(channels):
+    """Wider groups than MERGE_ROW channels are merged a column band at a time (SSE2 for 1040
+    channels, AVX2 where built for 2080), the last band partial."""
+    tokens = 32
+    n = tokens * channels * 2
+    raw = np.random.default_rng(channels).integers(0, 256, 2 * n, dtype=np.uint8)
+    high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    K.split(raw, high, low, tokens, channels)
+    assert np.array_equal(high, _numpy_split(raw, tokens, channels)[0])
+    out = np.zeros(2 * n, np.uint8)
+    K.merge(high, low, out, tokens, channels)
+    assert np.array_equal(out, raw)
+
+
 def test_split_and_merge_refuse_sizes_that_do_not_match():
     raw = np.zeros(64, np.uint8)
     with pytest.raises(ValueError):

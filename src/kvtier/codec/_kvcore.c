@@ -193,7 +193,7 @@ split_group(const uint8_t *raw, uint8_t *restrict high, uint8_t *restrict low, s
         }
 }
 
-/* The most channels merge_group transposes a row of tokens for at once. */
+/* The most channels merge_group transposes for a strip of tokens at once. */
 #define MERGE_ROW 1024
 /* Outputs from this size on are written with streaming stores: they outgrow the caches
  * anyway, and a store that skips reading the line first halves the memory traffic. */
@@ -228,101 +228,92 @@ transpose16x2(const __m256i *r, __m256i *v)
     }
 }
 
-/* merge_group's row-at-a-time path on 32 channels a step (channels a multiple of 32, at most
- * MERGE_ROW); ``stream``: streaming stores (``out`` 32-aligned). */
+/* merge_group's path on 32 channels a step (channels a multiple of 32); ``stream``: streaming
+ * stores (``out`` 32-aligned). */
 __attribute__((target("avx2"))) static void
 merge_group_avx2(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, size_t tokens,
                  size_t channels, int stream)
 {
     __m256i rows[MERGE_ROW / 2]; /* [32-channel block][token]: lane k holds channels +16k */
-    for (size_t t0 = 0; t0 < tokens; t0 += 16) {
-        for (size_t c0 = 0; c0 < channels; c0 += 32) {
-            __m256i h[16];
-            for (int j = 0; j < 16; j++)
-                h[j] = _mm256_loadu2_m128i((const __m128i *)(high + (c0 + 16 + j) * tokens + t0),
-                                           (const __m128i *)(high + (c0 + j) * tokens + t0));
-            transpose16x2(h, rows + c0 / 2);
-        }
-        for (int i = 0; i < 16; i++) {
-            const uint8_t *lo = low + (t0 + i) * channels;
-            uint8_t *dst = out + 2 * (t0 + i) * channels;
-            for (size_t c0 = 0; c0 < channels; c0 += 32) {
-                __m256i l = _mm256_loadu_si256((const __m256i *)(lo + c0));
-                __m256i v = rows[c0 / 2 + (size_t)i];
-                __m256i a = _mm256_unpacklo_epi8(l, v), b = _mm256_unpackhi_epi8(l, v);
-                __m256i first = _mm256_permute2x128_si256(a, b, 0x20);
-                __m256i second = _mm256_permute2x128_si256(a, b, 0x31);
-                if (stream) {
-                    _mm256_stream_si256((__m256i *)(dst + 2 * c0), first);
-                    _mm256_stream_si256((__m256i *)(dst + 2 * c0 + 32), second);
-                } else {
-                    _mm256_storeu_si256((__m256i *)(dst + 2 * c0), first);
-                    _mm256_storeu_si256((__m256i *)(dst + 2 * c0 + 32), second);
+    for (size_t t0 = 0; t0 < tokens; t0 += 16)
+        for (size_t cb = 0; cb < channels; cb += MERGE_ROW) {
+            size_t ce = cb + MERGE_ROW < channels ? cb + MERGE_ROW : channels;
+            for (size_t c0 = cb; c0 < ce; c0 += 32) {
+                __m256i h[16];
+                for (int j = 0; j < 16; j++)
+                    h[j] = _mm256_loadu2_m128i(
+                        (const __m128i *)(high + (c0 + 16 + j) * tokens + t0),
+                        (const __m128i *)(high + (c0 + j) * tokens + t0));
+                transpose16x2(h, rows + (c0 - cb) / 2);
+            }
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *lo = low + (t0 + i) * channels;
+                uint8_t *dst = out + 2 * (t0 + i) * channels;
+                for (size_t c0 = cb; c0 < ce; c0 += 32) {
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(lo + c0));
+                    __m256i v = rows[(c0 - cb) / 2 + (size_t)i];
+                    __m256i a = _mm256_unpacklo_epi8(l, v), b = _mm256_unpackhi_epi8(l, v);
+                    __m256i first = _mm256_permute2x128_si256(a, b, 0x20);
+                    __m256i second = _mm256_permute2x128_si256(a, b, 0x31);
+                    if (stream) {
+                        _mm256_stream_si256((__m256i *)(dst + 2 * c0), first);
+                        _mm256_stream_si256((__m256i *)(dst + 2 * c0 + 32), second);
+                    } else {
+                        _mm256_storeu_si256((__m256i *)(dst + 2 * c0), first);
+                        _mm256_storeu_si256((__m256i *)(dst + 2 * c0 + 32), second);
+                    }
                 }
             }
         }
-    }
 }
 #else
 #define AVX2_PLANES 0
 #endif
 
-/* The inverse of split_group; ``stream``: write with streaming stores (``out`` 16-aligned). */
+/* The inverse of split_group, 16 tokens at a time: their channels transposed first (up to
+ * MERGE_ROW at once), then each token's row written in one run. ``stream``: write with
+ * streaming stores (``out`` 16-aligned); ``avx2``: take merge_group_avx2 (32-aligned ``out``
+ * when streaming, channels a multiple of 32). */
 static void
 merge_group(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, size_t tokens,
-            size_t channels, int stream)
+            size_t channels, int stream, int avx2)
 {
 #if AVX2_PLANES
-    if (tokens % 16 == 0 && channels % 32 == 0 && channels <= MERGE_ROW &&
-        (!stream || (uintptr_t)out % 32 == 0) && __builtin_cpu_supports("avx2")) {
+    if (avx2) {
         merge_group_avx2(high, low, out, tokens, channels, stream);
         return;
     }
+#else
+    (void)avx2;
 #endif
 #if SIMD_PLANES
-    if (tokens % 16 == 0 && channels % 16 == 0 && channels <= MERGE_ROW) {
-        /* 16 tokens at a time: all their channels transposed first, then each token's row
-         * written in one contiguous run */
-        __m128i rows[MERGE_ROW]; /* [channel block][token] */
-        for (size_t t0 = 0; t0 < tokens; t0 += 16) {
-            for (size_t c0 = 0; c0 < channels; c0 += 16) {
-                __m128i h[16];
-                for (int j = 0; j < 16; j++)
-                    h[j] = _mm_loadu_si128((const __m128i *)(high + (c0 + j) * tokens + t0));
-                transpose16(h, rows + c0);
-            }
-            for (int i = 0; i < 16; i++) {
-                const uint8_t *lo = low + (t0 + i) * channels;
-                uint8_t *dst = out + 2 * (t0 + i) * channels;
-                for (size_t c0 = 0; c0 < channels; c0 += 16) {
-                    __m128i l = _mm_loadu_si128((const __m128i *)(lo + c0));
-                    __m128i v = rows[c0 + (size_t)i];
-                    __m128i a = _mm_unpacklo_epi8(l, v), b = _mm_unpackhi_epi8(l, v);
-                    if (stream) {
-                        _mm_stream_si128((__m128i *)(dst + 2 * c0), a);
-                        _mm_stream_si128((__m128i *)(dst + 2 * c0 + 16), b);
-                    } else {
-                        _mm_storeu_si128((__m128i *)(dst + 2 * c0), a);
-                        _mm_storeu_si128((__m128i *)(dst + 2 * c0 + 16), b);
-                    }
-                }
-            }
-        }
-        return;
-    }
     if (tokens % 16 == 0 && channels % 16 == 0) {
+        __m128i rows[MERGE_ROW]; /* [channel block][token] */
         for (size_t t0 = 0; t0 < tokens; t0 += 16)
-            for (size_t c0 = 0; c0 < channels; c0 += 16) {
-                __m128i h[16], v[16];
-                for (int j = 0; j < 16; j++)
-                    h[j] = _mm_loadu_si128((const __m128i *)(high + (c0 + j) * tokens + t0));
-                transpose16(h, v);
+            for (size_t cb = 0; cb < channels; cb += MERGE_ROW) {
+                size_t ce = cb + MERGE_ROW < channels ? cb + MERGE_ROW : channels;
+                for (size_t c0 = cb; c0 < ce; c0 += 16) {
+                    __m128i h[16];
+                    for (int j = 0; j < 16; j++)
+                        h[j] =
+                            _mm_loadu_si128((const __m128i *)(high + (c0 + j) * tokens + t0));
+                    transpose16(h, rows + (c0 - cb));
+                }
                 for (int i = 0; i < 16; i++) {
-                    __m128i l =
-                        _mm_loadu_si128((const __m128i *)(low + (t0 + i) * channels + c0));
-                    uint8_t *dst = out + 2 * ((t0 + i) * channels + c0);
-                    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi8(l, v[i]));
-                    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi8(l, v[i]));
+                    const uint8_t *lo = low + (t0 + i) * channels;
+                    uint8_t *dst = out + 2 * (t0 + i) * channels;
+                    for (size_t c0 = cb; c0 < ce; c0 += 16) {
+                        __m128i l = _mm_loadu_si128((const __m128i *)(lo + c0));
+                        __m128i v = rows[c0 - cb + (size_t)i];
+                        __m128i a = _mm_unpacklo_epi8(l, v), b = _mm_unpackhi_epi8(l, v);
+                        if (stream) {
+                            _mm_stream_si128((__m128i *)(dst + 2 * c0), a);
+                            _mm_stream_si128((__m128i *)(dst + 2 * c0 + 16), b);
+                        } else {
+                            _mm_storeu_si128((__m128i *)(dst + 2 * c0), a);
+                            _mm_storeu_si128((__m128i *)(dst + 2 * c0 + 16), b);
+                        }
+                    }
                 }
             }
         return;
@@ -354,9 +345,14 @@ merge_planes(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, siz
 {
     size_t group = tokens * channels, g = n / group;
     int stream = SIMD_PLANES && 2 * n >= STREAM_MIN && (uintptr_t)out % 16 == 0;
+    int avx2 = 0; /* groups lie a multiple of 1 KiB apart: out's alignment is every group's */
+#if AVX2_PLANES
+    avx2 = tokens % 16 == 0 && channels % 32 == 0 && (!stream || (uintptr_t)out % 32 == 0) &&
+           __builtin_cpu_supports("avx2");
+#endif
     for (size_t k = 0; k < g; k++)
         merge_group(high + k * group, low + k * group, out + 2 * k * group, tokens, channels,
-                    stream);
+                    stream, avx2);
 #if SIMD_PLANES
     if (stream)
         _mm_sfence(); /* the streamed stores are seen before whatever the caller does next */

@@ -1,12 +1,12 @@
-/* The kv codec's order-1 Huffman decoder, included by _kvcore.c once per MULTI (the most
- * symbols one table look-up decodes): eight suits sections of few bits per symbol, four keeps
- * the tables of sections with more bits per symbol small enough to stay in cache.
- * VARIANT(name) names this copy's types and function. */
+/* The kv codec's order-1 Huffman decoder, included by _kvcore.c once per variant: MULTI (the
+ * most symbols one table look-up decodes: eight suits sections of few bits per symbol, four
+ * keeps the tables of sections with more bits per symbol small), WINDOW (the section's longest
+ * code, so the tables' width) and PACKED (one 8-byte word an entry: the smallest tables).
+ * VARIANT(name) names this copy's types and functions. */
 /* A multi-symbol table entry: up to MULTI symbols, the table of the context after them, how
  * many symbols (0 where no code starts with these bits: the stream stops moving and the caller
  * notices) and the bits they take. A single-symbol entry: symbol (bits 0-7), length (8-15; 0:
  * no code). */
-#define WBITS WINDOW
 #define WSIZE (1u << WINDOW)
 #define WREFILL (56 / WINDOW) /* look-ups per refill of a reader: it holds 56 bits or more */
 #if MULTI == 8
@@ -36,15 +36,13 @@ typedef struct {
 #define ENTRY_BYTES (8 + sizeof(VARIANT(Syms)))
 #endif
 #define SymsU VARIANT(SymsU)
-#define TABLE_BYTES ((size_t)WSIZE * sizeof(Entry))
 
 /* ``rounds`` rounds of WREFILL look-ups in each of the LANES readers (the inner loop: a
  * reader is a bit buffer with a marker bit above its bits, a pointer into its stream, the
  * control words of its context and its output). */
 static inline __attribute__((always_inline)) void
 VARIANT(rounds_body)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
- const char **s_nxt,
-                     uint8_t **s_o)
+                     const char **s_nxt, uint8_t **s_o)
 {
     const uint8_t *rp[LANES];
     uint64_t b[LANES];
@@ -90,25 +88,15 @@ VARIANT(rounds_body)(const char *base, size_t rounds, const uint8_t **s_rp, uint
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("bmi,bmi2"))) static void
 VARIANT(rounds_bmi2)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
- const char **s_nxt,
-                     uint8_t **s_o)
+                     const char **s_nxt, uint8_t **s_o)
 {
     VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 #endif
 
 static void
-VARIANT(rounds_plain)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
- const char **s_nxt,
-                      uint8_t **s_o)
-{
-    VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
-}
-
-static void
 VARIANT(rounds)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t *s_buf,
- const char **s_nxt,
-                uint8_t **s_o)
+                const char **s_nxt, uint8_t **s_o)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("bmi2")) {
@@ -116,7 +104,7 @@ VARIANT(rounds)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t 
         return;
     }
 #endif
-    VARIANT(rounds_plain)(base, rounds, s_rp, s_buf, s_nxt, s_o);
+    VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 
 /* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols. */
@@ -125,7 +113,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
 {
     if (len < HEAD_BYTES)
         return E_SHORT;
-    if (sec[0] != VERSION || sec[1] != WBITS || sec[2] != NSTREAMS || sec[3] > 7)
+    if (sec[0] != VERSION || sec[1] != WINDOW || sec[2] != NSTREAMS || sec[3] > 7)
         return E_HEAD;
     const unsigned shift = sec[3];
     if (load32(sec + 4) != (uint32_t)n || load32(sec + 8) != (uint32_t)((uint64_t)n >> 32))
@@ -137,7 +125,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     int ntab = 1, table_of[NCTX];
     for (int c = 0; c < NCTX; c++)
         table_of[c] = (ctxmap[c >> 3] >> (c & 7)) & 1 ? ntab++ : 0;
-    /* multi: the look-up tables; narrow: the same for every narrower window of w < WBITS
+    /* multi: the look-up tables; narrow: the same for every narrower window of w < WINDOW
      * bits (ntab << w entries each); single: one symbol per look-up; lens_of: code lengths */
     size_t nt = (size_t)ntab, sz_multi = nt * WSIZE * sizeof(Entry),
            sz_narrow = nt * (WSIZE - 1) * sizeof(Entry), sz_single = nt * WSIZE * 2;
@@ -179,7 +167,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         }
         if (half)
             p++;
-        if (!canonical_codes(lens, codes, WBITS)) {
+        if (!canonical_codes(lens, codes, WINDOW)) {
             rc = E_TABLE;
             goto done;
         }
@@ -191,11 +179,11 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     /* Window by window, narrowest first: the entry of pattern y in a w-bit window is its
      * first symbol (when its code fits) followed by the entry of the rest of the bits in the
      * narrower window after it, cut to MULTI symbols. */
-    Entry *win[WBITS + 1];
-    for (int w = 0, at = 0; w < WBITS; at += 1 << w, w++)
+    Entry *win[WINDOW + 1];
+    for (int w = 0, at = 0; w < WINDOW; at += 1 << w, w++)
         win[w] = narrow + (size_t)ntab * (size_t)at;
-    win[WBITS] = multi;
-    for (int w = 0; w <= WBITS; w++) {
+    win[WINDOW] = multi;
+    for (int w = 0; w <= WINDOW; w++) {
         for (int t = 0; t < ntab; t++) {
             Entry *row = win[w] + ((size_t)t << w);
             for (unsigned y = 0; y < 1u << w; y++) {
@@ -222,17 +210,14 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
             }
         }
     }
-    /* The look-up tables the main loop reads: per table, WSIZE control words and then
-     * WSIZE symbol words. A control word holds the bits the entry consumes (byte 0: a
-     * shift by the whole word shifts by them), its symbol count (byte 1) and the address of
-     * the next context's control words (bits 16-63), so one load gives all a look-up needs. */
+    /* The look-up tables the main loop reads, one load a look-up. Packed: one word an entry
+     * (see ENTRY_BYTES). Otherwise, per table, WSIZE control words and then WSIZE symbol
+     * words; a control word holds the bits the entry consumes (byte 0: a shift by the whole
+     * word shifts by them), its symbol count (byte 1) and the address of the next context's
+     * control words (bits 16-63). */
     const size_t stride = (size_t)WSIZE * ENTRY_BYTES;
     char *fast = mem + sz_multi + sz_narrow + sz_single + nt * 256;
     fast += (64 - (uintptr_t)fast % 64) % 64;
-    if (((uintptr_t)fast + nt * stride) >> 48) {
-        rc = E_MEMORY; /* addresses must fit the control word's 48 bits */
-        goto done;
-    }
 #if PACKED
     for (int t = 0; t < ntab; t++) {
         uint64_t *word = (uint64_t *)(fast + (size_t)t * stride);
@@ -242,10 +227,11 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
                       ((uint64_t)d->next * stride & OFFSET_MASK) | (uint64_t)d->syms << 32;
         }
     }
-    if (0) {
 #else
-    {
-#endif
+    if (((uintptr_t)fast + nt * stride) >> 48) {
+        rc = E_MEMORY; /* addresses must fit the control word's 48 bits */
+        goto done;
+    }
     for (int t = 0; t < ntab; t++) {
         uint64_t *ctrl = (uint64_t *)(fast + (size_t)t * stride);
         VARIANT(Syms) *syms = (VARIANT(Syms) *)(ctrl + WSIZE);
@@ -256,7 +242,7 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
             syms[y] = d->syms;
         }
     }
-    }
+#endif
     if (end - p < 4 * NSTREAMS) {
         rc = E_SHORT;
         goto done;
@@ -355,7 +341,6 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         }
     }
     unsigned avail[NSTREAMS];
-    const char *tables = fast;
     for (int i = 0; i < NSTREAMS; i++) { /* the tail's readers count their bits */
         avail[i] = HELD(buf[i]);
         buf[i] ^= (uint64_t)1 << avail[i];
@@ -368,9 +353,9 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
         avail[i] |= 56;                                                                       \
     } while (0)
     for (int i = 0; i < NSTREAMS; i++) { /* each stream's last symbols, one at a time */
-        unsigned cur = (unsigned)((size_t)(nxt[i] - tables) / stride);
+        unsigned cur = (unsigned)((size_t)(nxt[i] - fast) / stride);
         while (o[i] < out + start[i + 1]) {
-            if (avail[i] < WBITS)
+            if (avail[i] < WINDOW)
                 REFILL(i);
             uint16_t e = single[(size_t)cur * WSIZE + (buf[i] & (WSIZE - 1))];
             if (!(e >> 8)) {
@@ -402,7 +387,5 @@ done:
 #undef ENTRY_BYTES
 #undef OFFSET_MASK
 #undef SymsU
-#undef TABLE_BYTES
-#undef WBITS
 #undef WSIZE
 #undef WREFILL

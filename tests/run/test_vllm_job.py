@@ -20,6 +20,7 @@ from kvtier.run.vllm_job import (
     kv_transfer_config,
     tier_urls,
     tokens_held,
+    warmup_lengths_for,
 )
 from kvtier.testing.cli import run_cli
 from kvtier.tiers.registry import check_tier_url
@@ -41,6 +42,21 @@ def test_config_checks():
         VllmRunConfig(workload=LongContextSpec(chat_turns=30))
     with pytest.raises(ConfigError, match="--disk-codec must be one of raw, kv, both"):
         VllmRunConfig(disk_codec="zip")
+
+
+def test_a_smaller_max_model_len_lets_a_smaller_pool_start_and_its_warm_up_fit():
+    assert warmup_lengths_for(8192) == (512, 1024, 2048, 4096)
+    assert warmup_lengths_for(2176) == (512, 1024, 2048)
+    assert warmup_lengths_for(2055) == (512, 1024)  # too few to fit a speed: refused below
+    spec = LongContextSpec.from_mapping(
+        {"min_prompt_tokens": 256, "system_tokens": 64, "chat_sessions": 0, "agent_sessions": 0,
+         "code_bursts": 0, "docs": 2, "doc_tokens": 256, "rag_questions": 2, "output_tokens": 64},
+        "test",
+    )  # fmt: skip
+    small = {"workload": spec, "pool_blocks": 18}
+    VllmRunConfig(**small, max_model_len=2176, warmup_lengths=warmup_lengths_for(2176))
+    with pytest.raises(ConfigError, match="warm-up"):
+        VllmRunConfig(**small, max_model_len=2055, warmup_lengths=warmup_lengths_for(2055))
 
 
 def test_the_connector_settings_name_both_tiers_and_the_records(tmp_path):
@@ -133,6 +149,10 @@ def test_tokens_held_counts_what_a_stopped_phases_tiers_keep(tmp_path):
         (["--profile", "p.json"], "not an option of --engine vllm"),
         (["--engine", "hf", "--budget", "60"], "not an option of --engine hf"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--pool-blocks", "30"], "or a smaller --max-model-len"),
+        (["--max-model-len", "2176", "--pool-blocks", "17"], "give at least 18"),
+        (["--max-model-len", "1024"], "warm-up"),
+        (["--engine", "hf", "--max-model-len", "4096"], "not an option of --engine hf"),
     ],
 )
 def test_bad_options_are_one_line_exit_2_before_any_server(monkeypatch, capsys, args, message):

@@ -41,6 +41,7 @@ HF_ONLY = (
 )  # fmt: skip
 VLLM_ONLY = (
     "pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir", "workload", "disk_codec",
+    "max_model_len",
 )  # fmt: skip
 #: Defaults that differ by engine (None on the command line: the engine's own).
 HF_DEFAULTS = {"chunk_tokens": 64, "dram_size": "8MiB", "disk_size": "4GiB", "max_new_tokens": 6}
@@ -88,6 +89,13 @@ def run_command(
     pool_blocks: Annotated[
         int, typer.Option(help="vllm: the engine's KV pool in 128-token blocks (both phases).")
     ] = 72,
+    max_model_len: Annotated[
+        int,
+        typer.Option(
+            help="vllm: the engine's max model length in tokens (a smaller one lets a smaller "
+            "--pool-blocks start; it must hold the warm-up's 4k prompt and the longest request)."
+        ),
+    ] = 8192,
     concurrency: Annotated[
         int, typer.Option(help="vllm: requests in flight at once, at most.")
     ] = 4,
@@ -230,6 +238,7 @@ def run_command(
             disk_size=disk_size,
             disk_dir=disk_dir,
             pool_blocks=pool_blocks,
+            max_model_len=max_model_len,
             concurrency=concurrency,
             budget=budget,
             scale=scale,
@@ -328,7 +337,7 @@ class VllmArgs:
         from dataclasses import replace
 
         from kvtier.errors import ConfigError
-        from kvtier.run.vllm_job import VllmRunConfig
+        from kvtier.run.vllm_job import VllmRunConfig, warmup_lengths_for
         from kvtier.specs.units import parse_size
         from kvtier.workloads.longctx import LongContextSpec, scaled
 
@@ -358,6 +367,8 @@ class VllmArgs:
         return VllmRunConfig(
             workload=spec,
             pool_blocks=v["pool_blocks"],
+            max_model_len=v["max_model_len"],
+            warmup_lengths=warmup_lengths_for(v["max_model_len"]),
             concurrency=v["concurrency"],
             budget_s=v["budget"],
             fit_budget=v["scale"] is None,

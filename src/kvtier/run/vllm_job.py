@@ -74,6 +74,16 @@ CODEC_DRAM_FRACTION = 0.25
 CODEC_DISK_FRACTION = 0.5
 #: Cold prompts timed at each server's start; the first only warms the engine up.
 WARMUP_LENGTHS = (512, 1024, 2048, 4096)
+#: Tokens each warm-up request generates beyond its prompt (it must fit the engine's length).
+WARMUP_OUTPUT = 8
+
+
+def warmup_lengths_for(max_model_len: int) -> tuple[int, ...]:
+    """The warm-up prompts an engine of ``max_model_len`` tokens can take (the longest of
+    :data:`WARMUP_LENGTHS` dropped where they would not fit)."""
+    return tuple(n for n in WARMUP_LENGTHS if n + WARMUP_OUTPUT <= max_model_len)
+
+
 #: The prompt length the reported prefill speed refers to.
 REFERENCE_TOKENS = 4096
 
@@ -125,7 +135,7 @@ class VllmRunConfig:
         if self.pool_blocks < least:
             raise ConfigError(
                 f"--pool-blocks {self.pool_blocks} cannot hold one {self.max_model_len}-token "
-                f"request; give at least {least}"
+                f"request; give at least {least} (or a smaller --max-model-len)"
             )
         if self.chunk_tokens < BLOCK_TOKENS or self.chunk_tokens % BLOCK_TOKENS:
             raise ConfigError(
@@ -142,10 +152,13 @@ class VllmRunConfig:
                 raise ConfigError(f"{option} must be positive")
         fitted = self.warmup_lengths[1:]
         if len(set(fitted)) < 2 or min(self.warmup_lengths, default=0) < 1:
-            raise ConfigError("the warm-up needs a primer and two distinct prompt lengths")
+            raise ConfigError(
+                "the warm-up needs a primer and two distinct prompt lengths: give "
+                f"--max-model-len {WARMUP_LENGTHS[2] + WARMUP_OUTPUT} or more"
+            )
         longest = max(
             self.workload.longest_prompt_tokens() + self.workload.output_tokens,
-            max(self.warmup_lengths) + 8,
+            max(self.warmup_lengths) + WARMUP_OUTPUT,
         )
         if longest > self.max_model_len:
             raise ConfigError(
@@ -226,13 +239,13 @@ def warm_up(
     began = time.perf_counter()
     for i, n in enumerate(lengths):
         prompt = [int(t) for t in rng.integers(spec.vocab[0], spec.vocab[1], n)]
-        c = complete_sync(base_url, model, prompt, 8)
+        c = complete_sync(base_url, model, prompt, WARMUP_OUTPUT)
         if i:
             points.append((n, c.ttft_s))
             gaps += list(np.diff(c.token_times_s))
     gaps = [g for g in gaps if g > 0]
     speed = EngineSpeed(
-        PrefillCurve.fit(points), statistics.median(gaps) if gaps else points[-1][1] / 8
+        PrefillCurve.fit(points), statistics.median(gaps) if gaps else points[-1][1] / WARMUP_OUTPUT
     )
     return speed, {"seconds": time.perf_counter() - began, **speed_dict(speed)}
 

@@ -2,7 +2,10 @@
 (SIGSTOP: it accepts and never answers), resumed, killed (SIGKILL) and started again, while
 requests keep coming: every request is answered with the tokens it gets with Redis up, no
 exception reaches the engine, the breaker keeps the tier's timeouts to a few per outage, the
-outage is on ``/metrics``, and Redis serves KV again within 5 s of answering again."""
+outage is on ``/metrics``, and Redis serves KV again within 5 s of answering again: once 5 s
+have passed (the breaker's longest back-off is 4 s), the next request loads from it. That is
+counted in requests, not timed, so a slow CPU (a request computed cold takes 10 s or more on
+one without AVX-512) cannot stretch it."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from kvtier.testing import services
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]
 
 PROMPT_TOKENS = 600  # two 256-token chunks kvtier can load, the rest computed
-RESUME_S = 5.0
+RESUME_S = 5.0  # longer than the breaker's longest back-off (TieredCacheConfig: 4 s)
 TIMEOUT_S = 0.1  # the tier's bound on one operation (its default)
 
 
@@ -31,14 +34,12 @@ def _series(base: str, name: str) -> float:
     return metric_total(scrape_metrics(base, 30), f"kvtier_{name}_total", tier="redis")
 
 
-def _until(check, timeout_s: float, what: str) -> float:
-    """Poll ``check`` until it holds; the seconds it took."""
-    began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout_s:
-            pytest.fail(f"{what} did not happen within {timeout_s:.0f} s")
-        time.sleep(0.2)
-    return time.monotonic() - began
+def _within(check, attempts: int, what: str) -> int:
+    """Try ``check`` until it holds; the attempts it took (a failure past ``attempts``)."""
+    for n in range(1, attempts + 1):
+        if check():
+            return n
+    pytest.fail(f"{what} did not happen within {attempts} requests")
 
 
 def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
@@ -63,19 +64,21 @@ def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
             base, model = server.base_url, server.model_name
             hits = lambda: _series(base, "tier_hit_tokens")  # noqa: E731
 
-            def reload(prompt: list[int], want: str, timeout_s: float) -> float:
-                """Ask for ``prompt`` until kvtier loads it from Redis (answers stay right)."""
+            def reload(prompt: list[int], want: str, attempts: int) -> int:
+                """Ask for ``prompt`` until kvtier loads it from Redis (answers stay right);
+                the requests it took."""
                 before = hits()
 
                 def loaded() -> bool:
                     assert _complete(base, model, prompt) == want
                     return hits() > before
 
-                return _until(loaded, timeout_s, "a load from Redis")
+                return _within(loaded, attempts, "a load from Redis")
 
-            # Redis up: the first answer is computed and stored, a repeat loads it.
+            # Redis up: the first answer is computed and stored, a repeat loads it (the store
+            # is asynchronous: it may land after the first repeat's look-up).
             first = _complete(base, model, prompts[0])
-            reload(prompts[0], first, 30)
+            reload(prompts[0], first, 3)
 
             # Paused: it accepts and never answers. Answers are recomputed, right, and the
             # breaker pays the timeout a few times per outage, not on every operation.
@@ -87,7 +90,8 @@ def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
             assert _series(base, "tier_outages") >= 1
             assert 1 <= errors_paused <= 12
             redis.signal(signal.SIGCONT)
-            resumed = reload(prompts[0], first, RESUME_S + 10)
+            time.sleep(RESUME_S)
+            reload(prompts[0], first, 1)  # the first request after 5 s loads
 
             # Killed: connections are refused; answers stay right, the outage is counted.
             outages = _series(base, "tier_outages")
@@ -96,15 +100,15 @@ def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
                 answer = _complete(base, model, p)
                 assert p is not prompts[0] or answer == first
             assert _series(base, "tier_outages") > outages
-            # Started again, empty: new KV is stored there and loaded back.
+            # Started again, empty: 5 s on, new KV is stored there and loaded back.
             redis = services.restart(redis)
+            time.sleep(RESUME_S)
             third = _complete(base, model, prompts[3])
-            back = reload(prompts[3], third, RESUME_S + 10)
+            back = reload(prompts[3], third, 3)
     finally:
         redis.stop()
     log = (tmp_path / "server.log").read_text(errors="replace")
     serving = log.split("[shutdown]", 1)[0]  # vLLM's own abort at shutdown may log one
     assert "Traceback" not in serving, "an exception reached the engine: see server.log"
-    print(f"paused: {errors_paused:.0f} tier errors; Redis served again {resumed:.1f} s after")
-    print(f"SIGCONT and {back:.1f} s after its restart")
-    assert resumed <= RESUME_S + 5 and back <= RESUME_S + 5
+    print(f"paused: {errors_paused:.0f} tier errors; {RESUME_S:.0f} s after SIGCONT, Redis served")
+    print(f"the first request; after its restart, repeats until a load: {back}")

@@ -1,7 +1,9 @@
 """kvtier's connector over a shared Redis tier, across engine processes: a "prefill" engine
 stores a prompt's KV through its host-memory tier into Redis and exits; a "decode" engine,
 another process with another PYTHONHASHSEED and a fresh host-memory tier, loads the whole
-prefix from Redis and generates the same greedy tokens."""
+prefix from Redis and generates the same greedy tokens as the prefill engine did when it computed
+the prompt at the same split (its second pass over the prompt, the prefix from vLLM's own cache:
+vLLM's CPU kernels are not bit-identical across splits, on AVX2 builds in particular)."""
 
 from __future__ import annotations
 
@@ -28,13 +30,16 @@ def test_a_second_engine_loads_the_prefix_from_redis(redis_server, text_tokens, 
     outs, records = [], []
     try:
         for i, name in enumerate(("prefill", "decode")):
+            steps = [{"prompts": [prompt], "max_tokens": SHORT}]
             spec = {
                 "connector": {
                     "tiers": [f"slab://{shm[i]}?size=96MiB", shared],
                     "records": str(tmp_path / f"{name}.jsonl"),
                 },
-                "prefix_caching": False,
-                "steps": [{"prompts": [prompt], "max_tokens": SHORT}],
+                # prefill: computes the prompt (stored through to Redis), then again with the
+                # 1,024-token prefix from vLLM's own cache, the split the decode engine loads at
+                "prefix_caching": i == 0,
+                "steps": steps * 2 if i == 0 else steps,
             }
             probe = Probe(spec, tmp_path, name, env={"PYTHONHASHSEED": str(i + 1)})
             try:
@@ -48,8 +53,8 @@ def test_a_second_engine_loads_the_prefix_from_redis(redis_server, text_tokens, 
         for d in shm:
             shutil.rmtree(d, ignore_errors=True)
     h = prompt_hash(prompt)
-    (wrote,) = [r for r in records[0] if r["prompt_hash"] == h]
+    wrote = [r for r in records[0] if r["prompt_hash"] == h]
     (read,) = [r for r in records[1] if r["prompt_hash"] == h]
-    assert wrote["loaded_tokens"] == 0  # computed, then stored through to Redis
+    assert wrote and all(r["loaded_tokens"] == 0 for r in wrote)  # computed, stored to Redis
     assert read["loaded_tokens"] == 1024 and set(read["hit_tokens"]) == {"redis"}
-    assert outs[1][0]["tokens"] == outs[0][0]["tokens"]
+    assert outs[1][0]["tokens"] == outs[0][1]["tokens"]

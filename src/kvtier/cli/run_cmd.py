@@ -93,7 +93,8 @@ def run_command(
         int,
         typer.Option(
             help="vllm: the engine's max model length in tokens (a smaller one lets a smaller "
-            "--pool-blocks start; it must hold the warm-up's 4k prompt and the longest request)."
+            "--pool-blocks start; at least 2056, the warm-up's 2k prompt, and the longest "
+            "request; the warm-up's 4k prompt is left out below 4104)."
         ),
     ] = 8192,
     concurrency: Annotated[

@@ -411,13 +411,15 @@ def refine_by_replay(
         return replay_error(at(x), phases, concurrency)
 
     x0 = np.log(np.array(start, dtype=float) + floors)
-    before = error(x0)
-    best_x, best = x0, before
+    given = replace(cal, frontend=front)  # the start itself: x0 round-trips it only to rounding
+    before = replay_error(given, phases, concurrency)
+    best_x, best = None, before
     for step in (math.log(3.0), math.log(1.5)):  # a restart from the best point escapes stalls
-        x, err = nelder_mead(error, best_x, step=step, evaluations=evaluations // 2)
+        x, err = nelder_mead(error, x0 if best_x is None else best_x, step=step,
+                             evaluations=evaluations // 2)  # fmt: skip
         if err < best:
             best_x, best = x, err
-    out = at(best_x)
+    out = given if best_x is None else at(best_x)
     fits = dict(cal.fits)
     fits["replay"] = {
         "error_before": before,

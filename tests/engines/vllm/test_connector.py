@@ -34,10 +34,9 @@ LONG = 100
 
 def _native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX). Elsewhere vLLM's CPU build
-    emulates it, and the tokens of two requests batched in a small pool were seen to differ
-    from the reference's from the 7th token on in one run of two (both loads in step from host
-    memory, as in the run that matched): there the preemption step checks only where the KV
-    came from."""
+    emulates it, and two requests batched in a small pool do not give the reference's tokens
+    reliably (with both loads in step from host memory, as where they do): there the
+    preemption step checks only where the KV came from."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -4,8 +4,8 @@ requests keep coming: every request is answered with the tokens it gets with Red
 exception reaches the engine, the breaker keeps the tier's timeouts to a few per outage, the
 outage is on ``/metrics``, and Redis serves KV again within 5 s of answering again: once 5 s
 have passed (the breaker's longest back-off is 4 s), the next request loads from it. That is
-counted in requests, not timed, so a slow CPU (a request computed cold takes 10 s or more on
-one without AVX-512) cannot stretch it."""
+counted in requests, not timed, so a slow CPU (one whose cold requests take longer than the
+back-off) cannot stretch it."""
 
 from __future__ import annotations
 

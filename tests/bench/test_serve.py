@@ -47,6 +47,7 @@ from kvtier.bench.serve_results import (
 )
 from kvtier.cli.main import app
 from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.errors import ConfigError
 from kvtier.testing.cli import run_cli
 
@@ -484,7 +485,9 @@ def test_random_rounds_alternate_between_live_servers(monkeypatch, tmp_path):
         ("stop", "example"),
     ]
     assert len(steps) == bench.steps() - 4  # the fake start takes no step of its own
-    assert report.environment["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2
+    itemsize = 4 if engine_dtype("auto") == "float32" else 2
+    assert report.environment["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * itemsize
+    assert report.environment["dtype"] == engine_dtype("auto")
     assert report.tiers["pool_blocks"] == 32
 
 

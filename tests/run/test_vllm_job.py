@@ -12,6 +12,7 @@ from functools import partial
 import pytest
 
 from kvtier.cli.main import app
+from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.errors import ConfigError
 from kvtier.run.vllm_job import (
     CONNECTOR_MODULE,
@@ -42,6 +43,16 @@ def test_config_checks():
         VllmRunConfig(workload=LongContextSpec(chat_turns=30))
     with pytest.raises(ConfigError, match="--disk-codec must be one of raw, kv, both"):
         VllmRunConfig(disk_codec="zip")
+
+
+def test_the_engine_dtype_follows_the_cpu_unless_given_and_a_codec_keeps_bf16():
+    assert VllmRunConfig().engine_dtype() == engine_dtype("auto")
+    assert VllmRunConfig(dtype="fp32").engine_dtype() == "float32"
+    assert VllmRunConfig(dtype="bf16", disk_codec="kv").engine_dtype() == "bfloat16"
+    assert VllmRunConfig(disk_codec="both").engine_dtype() == "bfloat16"
+    assert VllmRunConfig(dtype="fp32", disk_codec="both").engine_dtype() == "float32"
+    with pytest.raises(ConfigError, match="--dtype: unknown engine dtype"):
+        VllmRunConfig(dtype="fp4")
 
 
 def test_a_smaller_max_model_len_lets_a_smaller_pool_start_and_its_warm_up_fit():
@@ -153,6 +164,7 @@ def test_tokens_held_counts_what_a_stopped_phases_tiers_keep(tmp_path):
         (["--max-model-len", "2176", "--pool-blocks", "17"], "give at least 18"),
         (["--max-model-len", "1024"], "warm-up"),
         (["--engine", "hf", "--max-model-len", "4096"], "not an option of --engine hf"),
+        (["--dtype", "fp4"], "--dtype: unknown engine dtype"),
     ],
 )
 def test_bad_options_are_one_line_exit_2_before_any_server(monkeypatch, capsys, args, message):
@@ -243,6 +255,7 @@ def test_the_smallest_run_measures_every_request(smallest_run):
     assert engine["prefill"]["b_s_per_token"] > 0 and engine["decode_step_s"] > 0
     assert len(engine["prefill"]["points"]) == 3
     assert doc["model"]["namespace"]["layers"] == 30
+    assert doc["model"]["dtype"] == doc["model"]["namespace"]["kv_dtype"] == engine_dtype("auto")
     assert sorted(p.name for p in (root / "plots").iterdir()) == [
         "run-vllm-sources.png",
         "run-vllm-timeline.png",

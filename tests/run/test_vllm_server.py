@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.engines.vllm.server import (
     ServerConfig,
     VllmServer,
@@ -38,10 +39,16 @@ def test_the_command_line_runs_the_api_server_module_with_the_pool_and_connector
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     pairs = dict(itertools.pairwise(cmd))
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
-    assert pairs["--model"] == "/models/m" and pairs["--dtype"] == "bfloat16"
+    assert pairs["--model"] == "/models/m" and pairs["--dtype"] == engine_dtype("auto")
     assert pairs["--max-model-len"] == "8192" and pairs["--num-gpu-blocks-override"] == "80"
     assert json.loads(pairs["--kv-transfer-config"])["kv_connector"] == "KVTierConnector"
     assert "--enforce-eager" in cmd and "--enable-prompt-tokens-details" in cmd
+    assert (
+        dict(itertools.pairwise(ServerConfig(Path("/m"), dtype="fp32").command(1)))["--dtype"]
+        == "float32"
+    )
+    with pytest.raises(ConfigError, match="engine dtype"):
+        ServerConfig(Path("/m"), dtype="fp4")
     plain = ServerConfig(Path("/m"), request_details=False).command(1)
     assert "--num-gpu-blocks-override" not in plain and "--kv-transfer-config" not in plain
     assert "--enable-per-request-metrics" not in plain

@@ -2,7 +2,8 @@
 measured by vLLM's own benchmark client, unmodified.
 
 Every system gets its own vLLM OpenAI server on the same KV pool (``--num-gpu-blocks-override``
-of 128-token blocks, ``--enforce-eager``, bf16, the embedded model), warmed with two cold
+of 128-token blocks, ``--enforce-eager``, the embedded model in the dtype the CPU computes
+fastest: bf16 where native, else fp32), warmed with two cold
 prompts, then one ``prefix_repetition`` client run per concurrency (each concurrency its own
 seed, the same for every system: the same prompts, fresh prefixes) and ``/metrics`` scraped
 around each run. The no-reuse check runs the ``random`` dataset on vLLM alone and on kvtier;
@@ -121,19 +122,22 @@ class ServeBench:
     def run(self) -> ServeReport:
         """Start each system's server in turn, run the client against it, stop it."""
         from kvtier.engines.embedded import embedded_model_folder
+        from kvtier.engines.vllm.dtype import engine_dtype, short_name
         from kvtier.specs.model import model_from_hf_config
 
         c = self.config
         began = time.perf_counter()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         folder, _, model_id = embedded_model_folder()
-        geometry = model_from_hf_config(folder).with_dtypes(kv="bf16")
+        dtype = engine_dtype("auto")
+        geometry = model_from_hf_config(folder).with_dtypes(kv=short_name(dtype))
         kv_per_token = int(geometry.kv_bytes_per_token())
         dram, disk = tier_sizes(c, kv_per_token)
         env = BenchEnvironment.probe(self.run_dir, None).as_dict()
         env.update(vllm=_vllm_version(), load_average_start=_loadavg(), model=model_id)
         env["model_folder"] = str(folder)
         env["kv_bytes_per_token"] = kv_per_token
+        env["dtype"] = dtype
         tiers = {
             "dram_bytes": dram,
             "disk_bytes": disk,

@@ -121,7 +121,9 @@ class PreloadCheck:
 
     def _server(self, folder: Path, system: str, shm: Path, disk: Path) -> VllmServer:
         w = self.workload
-        size = 2 * w.hits * w.tokens * 32 * 1024  # generous: both tiers hold every prompt
+        size = (
+            2 * w.hits * w.tokens * 64 * 1024
+        )  # generous (fp32 too): both tiers hold every prompt
         records = self.run_dir / f"{system}-records.jsonl"
         kv = kvtier_transfer_config(
             [

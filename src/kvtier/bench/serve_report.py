@@ -187,7 +187,8 @@ def serve_table(report: ServeReport) -> Group:
     t = report.tiers
     lines = [
         f"machine: {env.get('cpu')}, {env.get('cpus')} CPUs; vLLM {env.get('vllm')}; model "
-        f"{env.get('model')} bf16; load average {env.get('load_average_start')} → "
+        f"{env.get('model')} {env.get('dtype', 'bfloat16')}; load average "
+        f"{env.get('load_average_start')} → "
         f"{env.get('load_average_end')}; {report.seconds:.0f} s in all",
         f"kvtier tiers: dram {format_bytes(t.get('dram_bytes', 0))} (slab:// in /dev/shm), "
         f"disk {format_bytes(t.get('disk_bytes', 0))} (slab:// on {env.get('filesystem')}), "

@@ -34,7 +34,7 @@ class Engine(StrEnum):
 
 #: Options that only one engine's job reads (given with the other engine: a one-line error).
 HF_ONLY = (
-    "model", "dtype", "device", "tier", "profile", "calibrate", "admission", "refine", "exact",
+    "model", "device", "tier", "profile", "calibrate", "admission", "refine", "exact",
     "reuse", "system_tokens", "chat_sessions", "chat_turns", "turn_tokens", "docs",
     "doc_tokens", "rag_requests", "question_tokens", "agent_sessions", "agent_steps",
     "tool_tokens", "tool_pause",
@@ -62,7 +62,13 @@ def run_command(
             "--model", "-m", help="embedded (SmolLM2-135M), a .gguf file, a local folder or hub id."
         ),
     ] = "embedded",
-    dtype: Annotated[str, typer.Option(help="Model (and KV) dtype: bf16, fp16 or fp32.")] = "bf16",
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Model (and KV) dtype: bf16, fp16 or fp32 (vllm also auto: bf16 where the CPU "
+            "computes it natively, else fp32; a --disk-codec keeps bf16. vllm: auto, hf: bf16)."
+        ),
+    ] = None,
     device: Annotated[
         str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
     ] = None,
@@ -251,10 +257,12 @@ def run_command(
             keep=keep,
             seed=seed,
             max_new_tokens=max_new_tokens,
+            dtype=dtype or "auto",
         ).config()
         check_vllm_run(config, plot)  # before the server starts
         _run_vllm(config, json_out, plot)
         return
+    dtype = dtype or "bf16"
     chunk_tokens = HF_DEFAULTS["chunk_tokens"] if chunk_tokens is None else chunk_tokens
     dram_size = dram_size or HF_DEFAULTS["dram_size"]
     disk_size = disk_size or HF_DEFAULTS["disk_size"]
@@ -381,6 +389,7 @@ class VllmArgs:
             kvtier=v["kvtier"],
             keep=v["keep"],
             disk_codec=v["disk_codec"],
+            dtype=v["dtype"],
         )
 
 

@@ -32,6 +32,7 @@ import xxhash
 
 from kvtier.bench.env import cpu_description
 from kvtier.engines.embedded import embedded_model_folder
+from kvtier.engines.vllm.dtype import engine_dtype, native_bf16, short_name
 from kvtier.engines.vllm.server import (
     BLOCK_TOKENS,
     CONNECTOR_MODULE,
@@ -108,6 +109,8 @@ class VllmRunConfig:
     ``both`` runs that phase twice on the same tier sizes, raw (``vllm+kvtier``) then coded
     (``vllm+kvtier+codec``), with both tiers below the working set (a quarter and a half of it
     unless given) so that what the codec lets the disk hold shows in tokens and in disk hits.
+    ``dtype``: the engine's (and KV's) dtype; ``auto`` follows the CPU (bf16 where native, fp32
+    where emulated), except that a disk codec keeps bf16 KV, the dtype the codec is for.
     """
 
     workload: LongContextSpec = field(default_factory=LongContextSpec)
@@ -124,6 +127,7 @@ class VllmRunConfig:
     kvtier: bool | None = None
     keep: bool = False
     disk_codec: str = "raw"
+    dtype: str = "auto"
     warmup_lengths: tuple[int, ...] = WARMUP_LENGTHS
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 300.0
@@ -147,6 +151,10 @@ class VllmRunConfig:
             raise ConfigError(
                 f"--disk-codec must be one of {', '.join(DISK_CODECS)}, got {self.disk_codec!r}"
             )
+        try:
+            engine_dtype(self.dtype)
+        except ConfigError as exc:
+            raise ConfigError(f"--dtype: {exc}") from None
         for option, size in (("--dram-size", self.dram_size), ("--disk-size", self.disk_size)):
             if size is not None and size < 1:
                 raise ConfigError(f"{option} must be positive")
@@ -165,6 +173,12 @@ class VllmRunConfig:
                 f"the workload's longest request ({longest} tokens with its answer) exceeds the "
                 f"engine's max model length {self.max_model_len}"
             )
+
+    def engine_dtype(self) -> str:
+        """vLLM's ``--dtype`` for this run."""
+        if self.dtype.strip().lower() == "auto" and self.disk_codec != "raw":
+            return "bfloat16"
+        return engine_dtype(self.dtype)
 
 
 def connector_available() -> bool:
@@ -459,15 +473,20 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
     began = time.perf_counter()
     load_before = _load_average()
     folder, fingerprint, model_id = embedded_model_folder()
-    geometry = model_from_hf_config(folder).with_dtypes(kv="bf16")
+    dtype = config.engine_dtype()
+    geometry = model_from_hf_config(folder).with_dtypes(kv=short_name(dtype))
     namespace = Namespace(
-        model_id, fingerprint, "bfloat16", geometry.layers, geometry.kv_heads, geometry.head_dim
+        model_id, fingerprint, dtype, geometry.layers, geometry.kv_heads, geometry.head_dim
     )
     keyer = ChunkKeyer(namespace, BLOCK_TOKENS)  # records key vLLM's blocks, for replays
     kv_per_token = int(geometry.kv_bytes_per_token())
     use_kvtier = connector_available() if config.kvtier is None else config.kvtier
     notes: list[str] = []
     failed: list[str] = []
+    if dtype == "float32" and config.dtype.strip().lower() == "auto" and not native_bf16():
+        notes.append(
+            "this CPU emulates bf16: the engine computes in fp32 (--dtype bf16 forces bf16)"
+        )
     if config.kvtier is None and not use_kvtier:
         notes.append(f"kvtier's vLLM connector ({CONNECTOR_MODULE}) is not installed: vLLM alone")
     paths = RunPaths.new(config.work_dir, config.shm_dir)
@@ -479,6 +498,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
     steps = _Steps(progress, (1 + warm) * servers + config.workload.requests() * servers)
     base_server = ServerConfig(
         folder,
+        dtype=dtype,
         max_model_len=config.max_model_len,
         pool_blocks=config.pool_blocks,
         startup_timeout_s=config.startup_timeout_s,
@@ -568,7 +588,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
             "model_id": model_id,
             "fingerprint": fingerprint,
             "folder": str(folder),
-            "dtype": "bfloat16",
+            "dtype": dtype,
             "kv_bytes_per_token": kv_per_token,
             "namespace": asdict(namespace),
         },

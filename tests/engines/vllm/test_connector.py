@@ -15,7 +15,8 @@ Engines (each its own process, shared by the tests of this module):
 An engine's start-up is mostly single-threaded, so the engines start up together and then
 take turns to compute, ``reference``, ``files``, ``first``, ``second``: an engine computing
 beside any other work slows down several times over (its OpenMP threads wait on each other).
-``restart`` imports vLLM early and builds its engine once the others have exited.
+``restart`` imports vLLM early and builds its engine once the others have exited. Every
+engine computes in the dtype ``auto`` picks for the CPU (bf16 where native, else fp32).
 """
 
 from __future__ import annotations
@@ -31,20 +32,6 @@ from kvtier.engines.vllm.probe import Probe, read_records
 SHORT = 16
 LONG = 100
 
-
-def _native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX). Elsewhere vLLM's CPU build
-    emulates it, and two requests batched in a small pool do not give the reference's tokens
-    reliably (with both loads in step from host memory, as where they do): there the
-    preemption step checks only where the KV came from."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-NATIVE_BF16 = _native_bf16()
 
 # the module's engines all start in the first test's fixture
 pytestmark = pytest.mark.timeout(1500)
@@ -253,8 +240,7 @@ def test_preempted_requests_reload_from_kvtier_and_give_the_same_tokens(runs, pr
     """The request vLLM preempted reloads its prefix from kvtier and ends with the reference's
     tokens. The other request is compared up to the preemption (its 52nd token, when the pool
     runs out): after it, it decodes alone instead of in a batch of two, and vLLM's CPU kernels
-    do not give batch-invariant arithmetic, with or without kvtier. Where the CPU emulates bf16
-    only the preemption, the reload and that both were answered are checked (see _native_bf16)."""
+    do not give batch-invariant arithmetic, with or without kvtier."""
     ref, second = _tokens(runs["reference"], 5), _tokens(runs["second"], 2)
     by_hash = {}
     for s in prompts["S"]:
@@ -267,8 +253,6 @@ def test_preempted_requests_reload_from_kvtier_and_give_the_same_tokens(runs, pr
         assert 0 < len(second[i]) <= LONG  # answered (an end-of-text token may end it early)
         if i in resumed:
             assert all(r["loaded_tokens"] >= 1024 for r in by_hash[id(s)])
-        if not NATIVE_BF16:
-            continue  # emulated bf16: the batch of two is not reproducible (see _native_bf16)
         assert second[i] == ref[i] if i in resumed else second[i][:50] == ref[i][:50]
 
 

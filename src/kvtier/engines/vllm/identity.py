@@ -80,7 +80,10 @@ def engine_geometry(vllm_config: Any) -> EngineGeometry:
     block_size = int(cache.block_size)
     cache_dtype = str(cache.cache_dtype)
     if cache_dtype not in ("auto", "bfloat16", "float16", "half"):
-        raise ConfigError(f"kvtier's vLLM connector moves bf16/fp16 KV, not {cache_dtype}")
+        raise ConfigError(
+            "kvtier's vLLM connector moves KV in the model's dtype (kv_cache_dtype auto, "
+            f"bfloat16 or float16), not {cache_dtype}"
+        )
     isa = attention_isa(dtype, block_size, head, cache_dtype)
     name = str(dtype).removeprefix("torch.")
     return EngineGeometry(

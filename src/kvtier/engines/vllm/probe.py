@@ -114,6 +114,7 @@ def main(argv: list[str]) -> int:
     from vllm.inputs import TokensPrompt
 
     from kvtier.engines.embedded import embedded_model_folder
+    from kvtier.engines.vllm.dtype import engine_dtype
 
     folder, _, _ = embedded_model_folder()
     if spec.get("start_when"):
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> int:
         kw["num_gpu_blocks_override"] = int(spec["blocks"])
     llm = LLM(
         model=str(folder),
-        dtype="bfloat16",
+        dtype=engine_dtype(spec.get("dtype", "auto")),
         enforce_eager=True,
         max_model_len=int(spec.get("max_model_len", 4096)),
         enable_prefix_caching=bool(spec.get("prefix_caching", True)),

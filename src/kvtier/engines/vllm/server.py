@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.engines.vllm.processes import end_process_group
 from kvtier.errors import ConfigError, KvtierError
 
@@ -60,11 +61,13 @@ class ServerConfig:
     whole GiB). ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` as a dict (a KV
     connector). ``request_details`` adds each request's cached tokens and server-side timings to
     its final usage chunk (``--enable-prompt-tokens-details --enable-per-request-metrics``).
-    ``extra_args`` are appended to the command line, ``env`` to the environment.
+    ``extra_args`` are appended to the command line, ``env`` to the environment. ``dtype``:
+    the engine's (and its KV's) dtype; ``auto`` follows the CPU (see
+    :func:`kvtier.engines.vllm.dtype.engine_dtype`).
     """
 
     model: Path
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     max_model_len: int = 8192
     pool_blocks: int | None = None
     kvcache_gib: int = 1
@@ -75,6 +78,7 @@ class ServerConfig:
     startup_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
+        engine_dtype(self.dtype)  # an unknown name is refused here
         if self.pool_blocks is not None and self.pool_blocks < min_pool_blocks(self.max_model_len):
             raise ConfigError(
                 f"a pool of {self.pool_blocks} blocks ({self.pool_blocks * BLOCK_TOKENS} tokens) "
@@ -97,7 +101,7 @@ class ServerConfig:
             "--model",
             str(self.model),
             "--dtype",
-            self.dtype,
+            engine_dtype(self.dtype),
             "--enforce-eager",
             "--max-model-len",
             str(self.max_model_len),

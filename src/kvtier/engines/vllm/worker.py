@@ -39,7 +39,7 @@ from kvtier.tiers.io.buffers import BufferPool
 
 log = logging.getLogger("kvtier.vllm")
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _LAYER_INDEX = re.compile(r"(\d+)")
 #: A synchronous load of at least twice this many chunks is split in two halves run at once.
 SPLIT_CHUNKS = 4

@@ -16,7 +16,10 @@ An engine's start-up is mostly single-threaded, so the engines start up together
 take turns to compute, ``reference``, ``files``, ``first``, ``second``: an engine computing
 beside any other work slows down several times over (its OpenMP threads wait on each other).
 ``restart`` imports vLLM early and builds its engine once the others have exited. Every
-engine computes in the dtype ``auto`` picks for the CPU (bf16 where native, else fp32).
+engine computes in the dtype ``auto`` picks for the CPU (bf16 where native, else fp32). All but
+``second`` run vLLM's engine core and worker inside the probe's process (start-up is mostly
+importing vLLM, once per process); ``second`` keeps vLLM's three processes, so the connector's
+plan crosses processes as it does in a server (as in test_server_metrics and test_shared_tier).
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ def runs(prompts, tmp_path_factory):
     started: list[Probe] = []
 
     def probe(spec: dict, name: str) -> Probe:
-        started.append(Probe(spec, work, name))
+        # one process per engine (one vLLM import, not three), but for "second": its scheduler
+        # and worker halves talk across processes as in a server
+        started.append(Probe({**spec, "one_process": name != "second"}, work, name))
         return started[-1]
 
     try:

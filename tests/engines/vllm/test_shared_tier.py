@@ -27,7 +27,8 @@ def test_a_second_engine_loads_the_prefix_from_redis(redis_server, text_tokens, 
     tag = uuid.uuid4().hex[:8]
     shm = [Path(f"/dev/shm/kvtier-test-{tag}-{i}") for i in range(2)]
     shared = f"{redis_server.url}?prefix=vllm-{tag}&timeout=1&name=redis"
-    outs, records = [], []
+    go = tmp_path / "decode.go"
+    probes: list[Probe] = []
     try:
         for i, name in enumerate(("prefill", "decode")):
             steps = [{"prompts": [prompt], "max_tokens": SHORT}]
@@ -40,18 +41,22 @@ def test_a_second_engine_loads_the_prefix_from_redis(redis_server, text_tokens, 
                 # 1,024-token prefix from vLLM's own cache, the split the decode engine loads at
                 "prefix_caching": i == 0,
                 "steps": steps * 2 if i == 0 else steps,
+                "one_process": True,
             }
-            probe = Probe(spec, tmp_path, name, env={"PYTHONHASHSEED": str(i + 1)})
-            try:
-                outs.append(probe.result())
-            finally:
-                if probe.proc.poll() is None:
-                    probe.kill()
-            shutil.rmtree(shm[i], ignore_errors=True)  # nothing local survives the engine
-            records.append(read_records(tmp_path / f"{name}.jsonl"))
+            if i:  # starts beside the prefill engine, computes once that one has exited
+                spec["run_when"] = str(go)
+            probes.append(Probe(spec, tmp_path, name, env={"PYTHONHASHSEED": str(i + 1)}))
+        outs = [probes[0].result()]
+        shutil.rmtree(shm[0], ignore_errors=True)  # nothing local survives the engine
+        go.write_text("go\n")
+        outs.append(probes[1].result())
     finally:
+        for probe in probes:
+            if probe.proc.poll() is None:
+                probe.kill()
         for d in shm:
             shutil.rmtree(d, ignore_errors=True)
+    records = [read_records(tmp_path / f"{name}.jsonl") for name in ("prefill", "decode")]
     h = prompt_hash(prompt)
     wrote = [r for r in records[0] if r["prompt_hash"] == h]
     (read,) = [r for r in records[1] if r["prompt_hash"] == h]

@@ -110,6 +110,9 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    one_process = bool(spec.get("one_process", False))
+    if one_process:  # the engine core and its worker in this process: one vLLM import, not three
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -128,6 +131,8 @@ def main(argv: list[str]) -> int:
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": spec["connector"],
         }
+    if one_process:
+        kw["distributed_executor_backend"] = "uni"
     if spec.get("blocks"):
         kw["num_gpu_blocks_override"] = int(spec["blocks"])
     llm = LLM(

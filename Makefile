@@ -10,7 +10,9 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 run: $(VENV)/.vllm
 	$(BIN)/kvtier run
 
-test: $(VENV)/.vllm system-deps
+# The system tools install (apt) while the virtual environment builds (pip).
+test:
+	$(MAKE) -j2 $(VENV)/.vllm system-deps
 	bash scripts/test.sh
 
 lint: $(VENV)/.core

@@ -121,9 +121,8 @@ class PreloadCheck:
 
     def _server(self, folder: Path, system: str, shm: Path, disk: Path) -> VllmServer:
         w = self.workload
-        size = (
-            2 * w.hits * w.tokens * 64 * 1024
-        )  # generous (fp32 too): both tiers hold every prompt
+        # generous, fp32 KV included: both tiers hold every prompt
+        size = 2 * w.hits * w.tokens * 64 * 1024
         records = self.run_dir / f"{system}-records.jsonl"
         kv = kvtier_transfer_config(
             [

@@ -32,7 +32,7 @@ import xxhash
 
 from kvtier.bench.env import cpu_description
 from kvtier.engines.embedded import embedded_model_folder
-from kvtier.engines.vllm.dtype import engine_dtype, native_bf16, short_name
+from kvtier.engines.vllm.dtype import engine_dtype, short_name
 from kvtier.engines.vllm.server import (
     BLOCK_TOKENS,
     CONNECTOR_MODULE,
@@ -483,7 +483,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
     use_kvtier = connector_available() if config.kvtier is None else config.kvtier
     notes: list[str] = []
     failed: list[str] = []
-    if dtype == "float32" and config.dtype.strip().lower() == "auto" and not native_bf16():
+    if dtype == "float32" and config.dtype.strip().lower() == "auto":  # auto: bf16 is emulated
         notes.append(
             "this CPU emulates bf16: the engine computes in fp32 (--dtype bf16 forces bf16)"
         )

@@ -29,6 +29,7 @@ import torch
 from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, LoadJob
 from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
@@ -39,7 +40,6 @@ from kvtier.tiers.io.buffers import BufferPool
 
 log = logging.getLogger("kvtier.vllm")
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _LAYER_INDEX = re.compile(r"(\d+)")
 #: A synchronous load of at least twice this many chunks is split in two halves run at once.
 SPLIT_CHUNKS = 4
@@ -79,7 +79,7 @@ class WorkerSide:
         self._caches: list[np.ndarray] = []  # each layer's blocks as byte rows
         self._warm = -(-warm_tokens // self.chunk) if warm_tokens > 0 else 0
         self._staging = BufferPool(keep=max(64, 2 * self._warm))
-        self._meta = BlockMeta(dtype=_DTYPE_NAMES.get(geometry.dtype, "u8"))
+        self._meta = BlockMeta(dtype=SHORT_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-sync-load")
         self._loading: dict[str, Future] = {}

@@ -1,11 +1,13 @@
-"""TTFT of a request whose long prefix comes from kvtier's host-memory tier vs from vLLM's own
-prefix cache, on one server in one run (alternating), with vLLM's OpenAI server.
+"""TTFT of a request whose long prefix comes from kvtier's host-memory tier (or, with ``--from
+disk``, its disk tier alone) vs from vLLM's own prefix cache, on one server in one run
+(alternating), with vLLM's OpenAI server.
 
-    .venv/bin/python scripts/dram_prefix_ttft.py --prefix 8000 --rounds 3 [--json]
+    .venv/bin/python scripts/dram_prefix_ttft.py --prefix 8000 --rounds 3 [--from disk] [--json]
 
 Each round: the request runs once with the prefix in vLLM's prefix cache (just computed), then
 vLLM's prefix cache is reset (``/reset_prefix_cache``) and the same request runs again, its prefix
-now loaded from kvtier's ``slab:///dev/shm`` tier. Prints both TTFTs and their ratio.
+now loaded from kvtier's ``slab:///dev/shm`` tier (or the O_DIRECT disk ``slab://``). Prints
+both TTFTs and their ratio.
 """
 
 from __future__ import annotations
@@ -49,12 +51,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefix", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--from", dest="source", choices=("dram", "disk"), default="dram")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     folder, _, _ = embedded_model_folder()
     shm = Path(f"/dev/shm/kvtier-ttft-{uuid.uuid4().hex[:8]}")
     disk = Path(f"/tmp/kvtier-ttft-{uuid.uuid4().hex[:8]}")
-    connector = connector_config([f"slab://{shm}?size=1GiB", f"slab://{disk}?size=2GiB"])
+    tiers = [f"slab://{disk}?size=2GiB"]
+    if args.source == "dram":
+        tiers.insert(0, f"slab://{shm}?size=1GiB")
+    connector = connector_config(tiers)
     config = ServerConfig(
         folder,
         max_model_len=min(8192, args.prefix + 512),
@@ -81,14 +87,16 @@ def main() -> None:
     out = {
         "prefix_tokens": args.prefix,
         "ttft_vllm_prefix_cache_s": own,
-        "ttft_kvtier_host_tier_s": kvtier,
+        "kvtier_tier": args.source,
+        "ttft_kvtier_tier_s": kvtier,
         "ratio_median": statistics.median(kvtier) / statistics.median(own),
     }
     if args.json:
         print(json.dumps(out))
     else:
         for a, b in zip(own, kvtier, strict=True):
-            print(f"vLLM prefix cache {a:.3f} s   kvtier host tier {b:.3f} s   ratio {b / a:.2f}")
+            line = f"vLLM prefix cache {a:.3f} s   kvtier {args.source} {b:.3f} s"
+            print(f"{line}   ratio {b / a:.2f}")
         print(f"median ratio {out['ratio_median']:.2f} (target <= 1.3)")
 
 

@@ -110,6 +110,12 @@ def test_run_refuses_bad_sizes_before_the_model(work):
     assert err.startswith("error: --disk-size: cannot read size 'lots'")
 
 
+def test_hf_run_refuses_an_unknown_dtype_before_torch(work):
+    code, _, err = kvtier(work, "run", "--engine", "hf", "--dtype", "fp4")
+    assert code == 2 and err.splitlines() == [err.strip()] and "Traceback" not in err
+    assert err.startswith("error: --dtype: unknown model dtype 'fp4'")
+
+
 def test_run_refuses_an_unknown_tier_scheme_before_the_model(work):
     code, _, err = kvtier(work, "run", "--engine", "hf", "--tier", "nope://host/x?size=1MiB")
     assert code == 2 and err.splitlines() == [err.strip()] and "no tier for scheme 'nope'" in err

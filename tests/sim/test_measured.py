@@ -82,3 +82,27 @@ def test_contention_is_fitted_from_a_run_at_concurrency_and_zero_when_it_does_no
     info = fitted.fits["contention"]
     assert fitted.frontend is not None and fitted.frontend.contention == info["value"] >= 0
     assert info["error"] <= info["error_without"]
+
+
+def test_connector_costs_are_what_the_kvtier_phase_adds_beyond_the_timers_prefill():
+    from kvtier.sim.measured import fit_connector_costs
+    from kvtier.sim.timing import MeasuredTimer
+
+    timer = MeasuredTimer(step_s=0.03, token_s=2e-4, request_overhead_s=0.0, budget=2048)
+    requests, sent = [], 0.0
+    for i, (prompt, cached, wait) in enumerate(
+        [(1600, 0, 0.0), (1800, 1536, 0.02), (2000, 1792, 0.0), (2400, 384, 0.0),
+         (1700, 1280, 0.01), (2200, 1024, 0.03), (1900, 256, 0.0)]
+    ):  # fmt: skip
+        new = prompt - cached
+        server = timer.prefill_seconds(new, cached) + wait + 0.025 + 5e-5 * new
+        line = {"local_hit_tokens": cached, "loaded_tokens": 0, "load_wait_s": wait}
+        requests.append(
+            {"sent_s": sent, "e2e_s": server + 0.1, "prompt_tokens": prompt, "connector": line,
+             "server": {"time_to_first_token_ms": server * 1e3}, "ttft_s": server}
+        )  # fmt: skip
+        sent += 10.0 + i
+    report = {"phases": [{"system": "vllm+kvtier", "requests": requests}]}
+    costs = fit_connector_costs(report, timer)
+    assert abs(costs["request_cost_s"] - 0.025) < 1e-6
+    assert abs(costs["token_cost_s"] - 5e-5) < 1e-9

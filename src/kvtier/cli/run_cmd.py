@@ -445,11 +445,16 @@ def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
 def check_run(config: RunConfig, plot: Path | None = None) -> None:
     """Refuse unreadable sizes, an unusable --disk-dir, tier URL or --plot folder of a RunConfig
     (ConfigError/TierPathError) before anything expensive; the checks leave nothing behind."""
+    from kvtier.engines.embedded import check_dtype
     from kvtier.errors import ConfigError
     from kvtier.specs.units import parse_size
     from kvtier.tiers.paths import usable_directory
     from kvtier.tiers.registry import check_tier_url
 
+    try:
+        check_dtype(config.dtype)
+    except ConfigError as exc:
+        raise ConfigError(f"--dtype: {exc}") from None
     for option, size in (("--dram-size", config.dram_size), ("--disk-size", config.disk_size)):
         try:
             parse_size(size)

@@ -111,6 +111,13 @@ def fingerprint_state_dict(model) -> str:
     return h.hexdigest()
 
 
+def check_dtype(dtype: str) -> None:
+    """Refuse a model dtype name the HF engine does not load (without importing torch)."""
+    name = str(dtype).lower()
+    if name not in _DTYPES and name not in _DTYPES.values():
+        raise ConfigError(f"unknown model dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+
+
 def _torch_dtype(dtype: str | Any):
     import torch
 

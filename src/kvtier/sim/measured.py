@@ -218,7 +218,7 @@ def fit_connector_costs(
         if new < 1:
             continue
         server = float(r["server"]["time_to_first_token_ms"]) / 1e3
-        rest = server - timer.step_s - timer.prefill_seconds(new, cached)
+        rest = server - timer.prefill_seconds(new, cached)  # its steps' fixed costs included
         rest -= float(line.get("load_wait_s") or 0.0)
         rows.append([float(new), 1.0])
         secs.append(rest)

@@ -268,6 +268,18 @@ def test_transfer_configs(tmp_path):
     }
 
 
+def test_a_relative_run_folder_gives_tier_urls_kvtier_opens(monkeypatch, tmp_path):
+    from kvtier.tiers.registry import check_tier_url
+
+    monkeypatch.chdir(tmp_path)
+    config = ServeBenchConfig(work_dir=Path(".kvtier/bench-serve"), shm_dir=Path("shm"))
+    paths = ServeBench(config).paths("kvtier")
+    assert paths.disk.is_absolute() and paths.shm.is_absolute()
+    kv = transfer_config("kvtier", paths, 100 << 20, 300 << 20, 256)
+    for url in kv["kv_connector_extra_config"]["tiers"]:
+        check_tier_url(url)
+
+
 def test_tier_sizes_follow_the_workload():
     c = ServeBenchConfig()
     dram, disk = tier_sizes(c, 23040)

@@ -102,7 +102,8 @@ class ServeBench:
         self.config = config
         self.on_step: Step = _quiet
         self.run_id = uuid.uuid4().hex[:8]
-        self.run_dir = config.work_dir / f"serve-{self.run_id}"
+        # absolute: the tiers' URLs are built from it (slab://relative would name a host)
+        self.run_dir = config.work_dir.absolute() / f"serve-{self.run_id}"
 
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
@@ -114,7 +115,7 @@ class ServeBench:
 
     def paths(self, system: str) -> SystemPaths:
         return SystemPaths(
-            shm=self.config.shm_dir / f"kvtier-bench-{self.run_id}-{system}",
+            shm=self.config.shm_dir.absolute() / f"kvtier-bench-{self.run_id}-{system}",
             disk=self.run_dir / f"{system}-data",
             records=self.run_dir / f"{system}-records.jsonl",
         )

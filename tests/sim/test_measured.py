@@ -106,3 +106,78 @@ def test_connector_costs_are_what_the_kvtier_phase_adds_beyond_the_timers_prefil
     costs = fit_connector_costs(report, timer)
     assert abs(costs["request_cost_s"] - 0.025) < 1e-6
     assert abs(costs["token_cost_s"] - 5e-5) < 1e-9
+
+
+def _engine_alone_report(timer, noise):
+    """A report whose engine-alone requests ran alone and took their prefill × ``noise``."""
+    requests, sent = [], 0.0
+    for i, factor in enumerate(noise):
+        prompt, cached = 1200 + 100 * (i % 5), 0
+        server = timer.prefill_seconds(prompt, cached) * factor
+        requests.append(
+            {"sent_s": sent, "e2e_s": server + 0.1, "prompt_tokens": prompt, "cached_tokens": 0,
+             "server": {"time_to_first_token_ms": server * 1e3}, "ttft_s": server}
+        )  # fmt: skip
+        sent += 10.0
+    return {"phases": [{"system": "vllm", "requests": requests}]}
+
+
+def test_jitter_is_the_robust_spread_of_the_engines_measured_prefills():
+    import numpy as np
+
+    from kvtier.sim.measured import fit_jitter
+    from kvtier.sim.timing import MeasuredTimer
+
+    timer = MeasuredTimer(step_s=0.03, token_s=2e-4, request_overhead_s=0.0, budget=2048)
+    assert fit_jitter(_engine_alone_report(timer, [1.0] * 12), timer) == 0.0
+    noise = np.exp(0.2 * np.random.default_rng(3).standard_normal(400))
+    assert abs(fit_jitter(_engine_alone_report(timer, noise), timer) - 0.2) < 0.03
+    assert fit_jitter(_engine_alone_report(timer, noise[:5]), timer) == 0.0  # too few
+
+
+def test_a_jittering_replay_pools_seeded_replays_and_repeats_itself():
+    from dataclasses import replace
+
+    from kvtier.sim.config import FrontendSpec
+    from kvtier.sim.replays import REPLAYS, replay
+
+    from .helpers import config, request
+
+    reqs = [request(2.0 * i, 200 + 16 * (i % 4), tag=str(i)) for i in range(30)]
+    steady = config(concurrency=1)
+    once = replay(steady, reqs)
+    assert once.replays == 1 and once.ttft_s == simulate(steady, reqs).summary["ttft_s"]
+    shaky = replace(steady, frontend=FrontendSpec(jitter=0.3))
+    pooled = replay(shaky, reqs)
+    again = replay(shaky, reqs)
+    assert pooled.replays == REPLAYS and (again.ttft_s, again.e2e_s) == (
+        pooled.ttft_s,
+        pooled.e2e_s,
+    )
+    assert pooled.ttft_s["p95"] > once.ttft_s["p95"]  # the draws spread the tail
+    assert replay(replace(shaky, seed=5), reqs).ttft_s != pooled.ttft_s
+
+
+def test_a_negative_jitter_is_refused():
+    import pytest
+
+    from kvtier.errors import ConfigError
+    from kvtier.sim.config import FrontendSpec
+
+    with pytest.raises(ConfigError, match="jitter"):
+        FrontendSpec(jitter=-0.1)
+
+
+def test_the_connectors_contention_is_fitted_on_the_kvtier_phase_after_the_engines():
+    from kvtier.sim.measured import fit_contention
+
+    report = json.loads(REPORT.read_text())
+    cal = calibrate_from_report(report)
+    phases = {
+        s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
+    }
+    fitted = fit_contention(cal, [(phases, 4)], evaluations=6)
+    engine, connector = fitted.fits["contention"], fitted.fits["connector_contention"]
+    assert fitted.connector_costs["contention"] == connector["value"] >= -engine["value"]
+    assert connector["error"] <= connector["error_without"]
+    assert fitted.kvtier().contention == connector["value"]

@@ -502,7 +502,7 @@ def compare_with_run(a: SimArgs) -> dict[str, Any]:
     """Replay every phase of a ``kvtier run`` report and set the simulated figures beside the
     measured ones: TTFT and end-to-end p50/p95 and vLLM's preemption counter, per phase
     (``vllm`` without kvtier's tiers, the others with them)."""
-    from kvtier.sim.simulator import simulate
+    from kvtier.sim.replays import replay
     from kvtier.workloads.traces import read_trace
 
     if a.trace is None or a.trace_format != "kvtier-run":
@@ -521,7 +521,7 @@ def compare_with_run(a: SimArgs) -> dict[str, Any]:
         built = build(run_args)
         calibration = calibration or built.calibration
         run = read_trace(a.trace, "kvtier-run", system=system).run
-        result = simulate(built.config, built.requests)
+        pooled = replay(built.config, built.requests)
         measured_preempt = None
         if run is not None:
             measured_preempt = sum(
@@ -530,7 +530,7 @@ def compare_with_run(a: SimArgs) -> dict[str, Any]:
         row: dict[str, Any] = {"system": system, "requests": len(built.requests)}
         for name in ("ttft_s", "e2e_s"):
             want = _measured_percentiles(built.requests, name)
-            got = result.summary[name]
+            got = getattr(pooled, name)
             row[name] = {
                 "measured": {k: want[k] for k in ("p50", "p95")},
                 "simulated": {k: got[k] for k in ("p50", "p95")},
@@ -541,12 +541,13 @@ def compare_with_run(a: SimArgs) -> dict[str, Any]:
             }
         row["preemptions"] = {
             "measured": measured_preempt,
-            "simulated": result.summary["preemptions"],
+            "simulated": pooled.preemptions,
         }
         row["hit_tokens"] = {
             "measured": _measured_hits(built.requests),
-            "simulated": result.summary["hit_tokens"],
+            "simulated": pooled.first.summary["hit_tokens"],
         }
+        row["replays"] = pooled.replays
         phases.append(row)
     return {
         "trace": str(a.trace),

@@ -70,7 +70,10 @@ class KvtierSpec:
     the engine and host memory (None: the engine computes on the host). ``token_cost_s``
     and ``request_cost_s`` are what the connector adds to a step: per prefilled token (the
     worker gathers completed chunks out of the paged cache to store them) and per request it
-    looks up (keys, lookups, the decision, in the scheduler).
+    looks up (keys, lookups, the decision, in the scheduler). ``contention``: what the connector
+    adds to how much each request in flight beyond the first slows a step (its threads share
+    the host's cores with the forward), on top of the frontend's (negative: less; the sum is
+    kept at zero or more).
     """
 
     tiers: tuple[TierSpec, ...]
@@ -85,6 +88,7 @@ class KvtierSpec:
     host_link_latency_s: float = 0.0
     token_cost_s: float = 0.0
     request_cost_s: float = 0.0
+    contention: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -107,18 +111,24 @@ class FrontendSpec:
     slows the engine's steps (its streaming, and the client's, take the host's cores from the
     forward): a step takes ``1 + contention · (in flight - 1)`` times its time. None in a
     :class:`SimConfig`: requests and tokens pass at once and steps take their time.
+    ``jitter``: how much a step's time varies on a shared host (σ of its logarithm): each step
+    takes its time × a log-normal factor of median 1, drawn from the simulation's seeded
+    generator (see :func:`kvtier.sim.replays.replay` for figures that do not hang on one draw).
     """
 
     in_s: float = 0.0
     out_s: float = 0.0
     share: float = 1.0
     contention: float = 0.0
+    jitter: float = 0.0
 
     def __post_init__(self) -> None:
         if self.in_s < 0 or self.out_s < 0:
             raise ConfigError("the frontend's work per request and per token must be >= 0")
         if self.contention < 0:
             raise ConfigError("the frontend's contention must be >= 0")
+        if self.jitter < 0:
+            raise ConfigError("the frontend's jitter must be >= 0")
         if not 0 < self.share <= 1:
             raise ConfigError(f"the frontend's share must be in (0, 1], got {self.share}")
 

@@ -230,6 +230,26 @@ def fit_connector_costs(
     return {"token_cost_s": token, "request_cost_s": request}
 
 
+def fit_jitter(report: Mapping[str, Any], timer: MeasuredTimer) -> float:
+    """How much the engine's step times varied in a report: σ of their logarithm, robustly
+    (the median absolute deviation × 1.4826), from the server's own time to first token of
+    each engine-alone request that ran alone against what ``timer`` says its prefill takes
+    (0 with fewer than six such requests)."""
+    phases = [p for p in report.get("phases") or [] if p.get("system") == "vllm"]
+    logs = []
+    for r in isolated_requests(phases[0]) if phases else []:
+        cached = int(r.get("cached_tokens") or 0)
+        new = int(r["prompt_tokens"]) - cached
+        predicted = timer.prefill_seconds(new, cached) if new > 0 else 0.0
+        measured = float(r["server"]["time_to_first_token_ms"]) / 1e3
+        if predicted > 0 and measured > 0:
+            logs.append(math.log(measured / predicted))
+    if len(logs) < 6:
+        return 0.0
+    x = np.array(logs)
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
 def outside_engine_s(report: Mapping[str, Any]) -> float:
     """What a client waits for its first token beyond the server's own time to first token
     when the engine had nothing else to finish first: the 10th percentile of that gap over
@@ -345,7 +365,12 @@ def calibrate_from_report(report: Mapping[str, Any]) -> RunCalibration:
         )
     costs = fit_connector_costs(report, timer)
     fits["connector_costs"] = costs
-    return RunCalibration(timer, engine, tuple(tiers), chunk, fits, connector_costs=costs)
+    jitter = fit_jitter(report, timer) if source != "warm-up" else 0.0
+    fits["jitter"] = jitter
+    frontend = FrontendSpec(jitter=jitter) if jitter > 0 else None
+    return RunCalibration(
+        timer, engine, tuple(tiers), chunk, fits, frontend=frontend, connector_costs=costs
+    )
 
 
 #: The timer's coefficients :func:`refine_by_replay` adjusts, and the frontend's.
@@ -363,17 +388,17 @@ def replay_error(
 ) -> float:
     """Mean squared log error of the replayed TTFT and end-to-end p50 and p95 against the
     measured ones, over every phase (``vllm``: the engine alone, else with kvtier)."""
-    from kvtier.sim.simulator import simulate
+    from kvtier.sim.replays import replay
 
     errors: list[float] = []
     for system, requests in phases.items():
-        result = simulate(cal.config(system != "vllm", concurrency), requests)
+        pooled = replay(cal.config(system != "vllm", concurrency), requests)
         for name in ("ttft_s", "e2e_s"):
             want = [float(r.measured[name]) for r in requests if r.measured.get(name)]
             if not want:
                 continue
             measured = np.percentile(want, [50, 95])
-            got = result.summary[name]
+            got = getattr(pooled, name)
             for q, m in zip(("p50", "p95"), measured, strict=True):
                 if got[q] and m > 0:
                     errors.append(math.log(got[q] / m) ** 2)
@@ -437,18 +462,47 @@ def fit_contention(
     evaluations: int = 18,
 ) -> RunCalibration:
     """The calibration whose steps slow with the requests in flight as the calibration runs
-    (``(phases, concurrency)`` each; at least one run with concurrency above one) say: a
-    golden-section search of the frontend's ``contention`` in ``[0, upper]`` on their summed
-    replay error. On a host whose few cores the engine shares with its API server and clients,
-    what one request alone measured does not hold for four at once."""
+    (``(phases, concurrency)`` each; at least one run with concurrency above one) say. First
+    the frontend's ``contention`` on the engine-alone phases (every phase when there is
+    none), then, with it fixed, what kvtier's connector changes in it on the other phases (its
+    threads share the host's cores with the forward; it leaves less to compute): golden-section
+    searches on the summed replay error in ``[0, upper]`` and ``[-contention, upper]``, each
+    kept at zero where that does no worse. On a host
+    whose few cores the engine shares with its API server and clients, what one request alone
+    measured does not hold for four at once."""
     front = cal.frontend or FrontendSpec()
+    engine_alone = [({"vllm": p["vllm"]}, c) for p, c in runs if "vllm" in p]
+    with_kvtier = [({k: v for k, v in p.items() if k != "vllm"}, c) for p, c in runs]
+    with_kvtier = [(p, c) for p, c in with_kvtier if p]
 
-    def error(g: float) -> float:
+    def engine_error(g: float) -> float:
         trial = replace(cal, frontend=replace(front, contention=g))
-        return sum(replay_error(trial, phases, c) for phases, c in runs)
+        return sum(replay_error(trial, phases, c) for phases, c in engine_alone or runs)
 
+    g, best, zero = _golden(engine_error, upper, evaluations)
+    cal = replace(cal, frontend=replace(front, contention=g))
+    fits = dict(cal.fits)
+    fits["contention"] = {"value": g, "error": best, "error_without": zero}
+    if engine_alone and with_kvtier:
+        costs = dict(cal.connector_costs)
+
+        def connector_error(k: float) -> float:
+            trial = replace(cal, connector_costs={**costs, "contention": k})
+            return sum(replay_error(trial, phases, c) for phases, c in with_kvtier)
+
+        k, best, zero = _golden(connector_error, upper, evaluations, lower=-g)
+        cal = replace(cal, connector_costs={**costs, "contention": k})
+        fits["connector_contention"] = {"value": k, "error": best, "error_without": zero}
+    return replace(cal, fits=fits)
+
+
+def _golden(
+    error, upper: float, evaluations: int, lower: float = 0.0
+) -> tuple[float, float, float]:
+    """(x, error(x), error(0)): a golden-section search of ``error`` in ``[lower, upper]``,
+    zero where it does no worse."""
     ratio = (math.sqrt(5) - 1) / 2
-    lo, hi = 0.0, upper
+    lo, hi = lower, upper
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
     fa, fb = error(a), error(b)
     for _ in range(max(evaluations - 2, 0)):
@@ -460,13 +514,11 @@ def fit_contention(
             lo, a, fa = a, b, fb
             b = lo + ratio * (hi - lo)
             fb = error(b)
-    g, best = (a, fa) if fa < fb else (b, fb)
+    x, best = (a, fa) if fa < fb else (b, fb)
     zero = error(0.0)
     if zero <= best:
-        g, best = 0.0, zero
-    fits = dict(cal.fits)
-    fits["contention"] = {"value": g, "error": best, "error_without": zero}
-    return replace(cal, frontend=replace(front, contention=g), fits=fits)
+        x, best = 0.0, zero
+    return x, best, zero
 
 
 def nelder_mead(f, x0: np.ndarray, step: float, evaluations: int) -> tuple[np.ndarray, float]:

@@ -14,9 +14,12 @@ completed chunks to kvtier's tiers and frees finished requests.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvtier.sim.config import EngineSpec
 from kvtier.sim.connector import Connector
@@ -53,9 +56,15 @@ class Replica:
         timer: StepTimer,
         connector: Connector | None = None,
         contention: float = 0.0,
+        jitter: float = 0.0,
+        seed: tuple[int, ...] = (0,),
     ):
+        """``jitter``/``seed``: the log-normal spread of each step's time and the seed of its
+        draws (see :class:`~kvtier.sim.config.FrontendSpec`)."""
         self.index = index
         self.contention = contention
+        self.jitter = jitter
+        self._rng = np.random.default_rng(list(seed)) if jitter > 0 else None
         self.engine = engine
         self.timer = timer
         self.connector = connector
@@ -266,8 +275,13 @@ class Replica:
         if self.connector is not None:
             kv = self.connector.spec
             compute += kv.token_cost_s * sum(n for n, _ in prefill) + kv.request_cost_s * looked
-        if self.contention and self.outstanding > 1:
-            compute *= 1.0 + self.contention * (self.outstanding - 1)
+        contention = self.contention
+        if self.connector is not None:
+            contention += self.connector.spec.contention
+        if contention > 0 and self.outstanding > 1:
+            compute *= 1.0 + contention * (self.outstanding - 1)
+        if self._rng is not None:
+            compute *= math.exp(self.jitter * float(self._rng.standard_normal()))
         st = self.stats
         st.steps += 1
         st.compute_s += compute

@@ -100,8 +100,12 @@ class Simulator:
                 host_in = self._link(f"host->engine[{i}]", bw, lat)
                 host_out = self._link(f"engine->host[{i}]", bw, lat)
             connector = Connector(kv, cfg.engine, tiers, cfg.timer, self._at, host_in, host_out)
-        contention = cfg.frontend.contention if cfg.frontend is not None else 0.0
-        return Replica(i, cfg.engine, cfg.timer, connector, contention)
+        front = cfg.frontend
+        contention = front.contention if front is not None else 0.0
+        jitter = front.jitter if front is not None else 0.0
+        return Replica(
+            i, cfg.engine, cfg.timer, connector, contention, jitter=jitter, seed=(cfg.seed, i)
+        )
 
     # --- events ------------------------------------------------------------------------------
     def _at(self, t: float, fn: Callable[[float], None]) -> None:

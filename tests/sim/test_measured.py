@@ -70,15 +70,19 @@ def test_a_kvtier_calibrate_profile_times_the_steps_and_gives_the_tiers():
     assert result.summary["finished"] == len(reqs) and result.summary["hit_tokens"].get("dram")
 
 
-def test_contention_is_fitted_from_a_run_at_concurrency_and_zero_when_it_does_not_help():
+def _contention_fitted_on_the_report():
+    """The report's calibration with contention fitted on its own concurrency-4 replay."""
     from kvtier.sim.measured import fit_contention
 
-    report = json.loads(REPORT.read_text())
-    cal = calibrate_from_report(report)
+    cal = calibrate_from_report(json.loads(REPORT.read_text()))
     phases = {
         s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
     }
-    fitted = fit_contention(cal, [(phases, 4)], evaluations=6)
+    return fit_contention(cal, [(phases, 4)], evaluations=6)
+
+
+def test_contention_is_fitted_from_a_run_at_concurrency_and_zero_when_it_does_not_help():
+    fitted = _contention_fitted_on_the_report()
     info = fitted.fits["contention"]
     assert fitted.frontend is not None and fitted.frontend.contention == info["value"] >= 0
     assert info["error"] <= info["error_without"]
@@ -169,14 +173,7 @@ def test_a_negative_jitter_is_refused():
 
 
 def test_the_connectors_contention_is_fitted_on_the_kvtier_phase_after_the_engines():
-    from kvtier.sim.measured import fit_contention
-
-    report = json.loads(REPORT.read_text())
-    cal = calibrate_from_report(report)
-    phases = {
-        s: read_trace(REPORT, "kvtier-run", system=s).requests for s in ("vllm", "vllm+kvtier")
-    }
-    fitted = fit_contention(cal, [(phases, 4)], evaluations=6)
+    fitted = _contention_fitted_on_the_report()
     engine, connector = fitted.fits["contention"], fitted.fits["connector_contention"]
     assert fitted.connector_costs["contention"] == connector["value"] >= -engine["value"]
     assert connector["error"] <= connector["error_without"]

@@ -123,11 +123,9 @@ def _torch_dtype(dtype: str | Any):
 
     if isinstance(dtype, torch.dtype):
         return dtype
+    check_dtype(dtype)
     name = _DTYPES.get(str(dtype).lower(), str(dtype).lower())
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype) or name not in _DTYPES.values():
-        raise ConfigError(f"unknown model dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
-    return value
+    return getattr(torch, name)
 
 
 def _convert_gguf(gguf: Path, folder: Path, fingerprint: str) -> None:

@@ -467,9 +467,8 @@ def fit_contention(
     none), then, with it fixed, what kvtier's connector changes in it on the other phases (its
     threads share the host's cores with the forward; it leaves less to compute): golden-section
     searches on the summed replay error in ``[0, upper]`` and ``[-contention, upper]``, each
-    kept at zero where that does no worse. On a host
-    whose few cores the engine shares with its API server and clients, what one request alone
-    measured does not hold for four at once."""
+    kept at zero where that does no worse. On a host whose few cores the engine shares with its
+    API server and clients, what one request alone measured does not hold for four at once."""
     front = cal.frontend or FrontendSpec()
     engine_alone = [({"vllm": p["vllm"]}, c) for p, c in runs if "vllm" in p]
     with_kvtier = [({k: v for k, v in p.items() if k != "vllm"}, c) for p, c in runs]

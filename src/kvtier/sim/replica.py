@@ -62,7 +62,8 @@ class Replica:
         """``jitter``/``seed``: the log-normal spread of each step's time and the seed of its
         draws (see :class:`~kvtier.sim.config.FrontendSpec`)."""
         self.index = index
-        self.contention = contention
+        # the frontend's and the connector's (which may be negative) together
+        self.contention = contention + (connector.spec.contention if connector else 0.0)
         self.jitter = jitter
         self._rng = np.random.default_rng(list(seed)) if jitter > 0 else None
         self.engine = engine
@@ -275,11 +276,8 @@ class Replica:
         if self.connector is not None:
             kv = self.connector.spec
             compute += kv.token_cost_s * sum(n for n, _ in prefill) + kv.request_cost_s * looked
-        contention = self.contention
-        if self.connector is not None:
-            contention += self.connector.spec.contention
-        if contention > 0 and self.outstanding > 1:
-            compute *= 1.0 + contention * (self.outstanding - 1)
+        if self.contention > 0 and self.outstanding > 1:
+            compute *= 1.0 + self.contention * (self.outstanding - 1)
         if self._rng is not None:
             compute *= math.exp(self.jitter * float(self._rng.standard_normal()))
         st = self.stats

@@ -16,7 +16,9 @@ old one once the new block is published. ``delete`` zeroes the slot's header pag
 Writers: a process writes only the files it holds an exclusive ``flock`` on: those it creates
 and those of dead writers it adopts at open. A file closed cleanly leaves a ``.clean`` marker;
 one adopted without it has every slot's checksum verified first. Files other live processes
-write are read-only here, rescanned on a miss (at most every ``rescan`` seconds); their blocks
+write are read-only here, rescanned on a miss (at most every ``rescan`` seconds) by following
+the index log their writer appends to (:mod:`~kvtier.tiers.files.slab_log`: only the blocks
+published since the last look), or slot by slot where the log cannot be followed; their blocks
 are served after the same checks but never evicted or counted here (the ledger lists them
 uncharged), and a failed check on one is a miss (its writer may have reused the slot).
 
@@ -63,6 +65,7 @@ from kvtier.codec.container import Encoded, encode_payload, header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions
+from kvtier.tiers.files.slab_log import LogTail, SlabLog
 from kvtier.tiers.io import batch as _short
 from kvtier.tiers.io.backends import IOOp, UringIO, run_inline
 from kvtier.tiers.io.batch import WriteOp, buffer_address, seed_of
@@ -91,6 +94,16 @@ class _File:
         self.hollow: list[int] = []  # own slots without a block or counted bytes
         self.sig: tuple[int, int] = (-1, -1)  # (size, mtime) when last scanned (foreign files)
         self.scanned = 0.0
+        # own files append what they publish to their log; foreign ones follow it
+        self.log: SlabLog | None = SlabLog(path) if own else None
+        self.tail: LogTail | None = None if own else LogTail(path)
+
+    def close(self) -> None:
+        """Close the file and its log (for an own file this releases the lock)."""
+        for end in (self.log, self.tail):
+            if end is not None:
+                end.close()
+        os.close(self.fd)
 
 
 def coded_size_class(size: int) -> int:
@@ -231,6 +244,8 @@ class SlabTier(FileTier):
         ``verify``: check every block's checksum too (a file whose writer died)."""
         out: list[tuple[int, bytes, _Entry]] = []
         size = f.slot_size
+        if f.tail is not None:  # from here on, the log tells what the scan did not see
+            f.tail.mark()
         buf = self._pool.take(size if verify else PAGE)
         view = memoryview(buf)[: size if verify else PAGE]
         hollow: list[int] = []
@@ -355,9 +370,9 @@ class SlabTier(FileTier):
                 for f in files:
                     with contextlib.suppress(OSError):
                         Path(f.path + CLEAN).touch()
-                    os.close(f.fd)  # releases the lock
+                    f.close()  # releases the lock
             for f in self._foreign.values():
-                os.close(f.fd)
+                f.close()
             self._classes.clear()
             self._foreign.clear()
             self.ledger.clear()
@@ -487,6 +502,14 @@ class SlabTier(FileTier):
                 try:
                     st = os.fstat(f.fd)
                 except OSError:
+                    continue
+                f.slots = max(f.slots, st.st_size // slot_size)
+                logged = f.tail.new() if f.tail is not None else None
+                if logged is not None:  # the writer's log: only what it published since
+                    for slot, head in logged:
+                        entry = self._entry_of(f, slot, head) if slot < f.slots else None
+                        if entry is not None:
+                            found.append((entry.seq, entry.header.key, entry))
                     continue
                 sig = (st.st_size, st.st_mtime_ns)
                 if sig == f.sig and now - f.scanned < self.rescan_full_s:
@@ -652,6 +675,8 @@ class SlabTier(FileTier):
             old = self.ledger.add(key, entry, size, value)
             if old is not None:
                 self._drop(key, *old)
+            if entry.file.log is not None:
+                entry.file.log.append(entry.slot, entry.head, entry.file.slots)
         return True
 
     # --- internals: the io_uring batch path --------------------------------------------------

@@ -91,6 +91,38 @@ def test_backends_run_many_ops_with_bounded_depth(tmp_path: Path, name: str):
         os.close(fd)
 
 
+@pytest.mark.parametrize("name", ["threads", pytest.param("uring", marks=URING)])
+def test_a_batch_can_ask_for_fewer_ops_in_flight(tmp_path: Path, name: str):
+    data = os.urandom(32 * PAGE)
+    fd = os.open(_file(tmp_path, data), os.O_RDONLY | os.O_DIRECT)
+    backend = make_backend(name, 8)
+    try:
+        assert backend.limit(None) == 8 and backend.limit(2) == 2 and backend.limit(99) == 8
+        assert backend.limit(0) == 1
+        outs = [aligned_array(PAGE) for _ in range(32)]
+        lock = threading.Lock()
+        open_ops = [0, 0]  # prepared and not yet completed; the most seen
+
+        def prepare(i):
+            with lock:
+                open_ops[0] += 1
+                open_ops[1] = max(open_ops)
+            return IOOp(fd, [outs[i]], i * PAGE)
+
+        def complete(i, res):
+            assert res == PAGE
+            with lock:
+                open_ops[0] -= 1
+
+        backend.run(32, prepare, complete, 2)
+        # io_uring prepares the next op while the ring is full, so one more may be open
+        assert open_ops == [0, open_ops[1]] and open_ops[1] <= (3 if name == "uring" else 2)
+        assert all(outs[i].tobytes() == data[i * PAGE : (i + 1) * PAGE] for i in range(32))
+    finally:
+        backend.close()
+        os.close(fd)
+
+
 def test_unknown_backend():
     with pytest.raises(ConfigError):
         make_backend("aio", 4)

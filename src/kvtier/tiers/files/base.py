@@ -48,6 +48,10 @@ _O_DSYNC = getattr(os, "O_DSYNC", 0)
 NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 #: Seconds between checks of the filesystem's free space while the limit is lowered.
 SPACE_CHECK_S = 1.0
+#: Reads of coded blocks a batch keeps in flight beyond its decode threads. Reads in flight
+#: share the disk, so the more there are, the later the first of them finishes while the
+#: decoders wait; a couple ahead keep the decoders fed once the disk streams.
+READS_AHEAD = 2
 
 Plan = Callable[[int], tuple[Any, IOOp] | None]
 Finish = Callable[[Any, int], Any]
@@ -177,12 +181,20 @@ class FileTier(Tier):
 
     # --- the batched driver -------------------------------------------------------------------
     def _batch(
-        self, todo: Sequence[int], plan: Plan, finish: Finish, results: list, *, inline: bool
+        self,
+        todo: Sequence[int],
+        plan: Plan,
+        finish: Finish,
+        results: list,
+        *,
+        inline: bool,
+        reads: bool = False,
     ) -> None:
         """Run the op ``plan(i)`` gives for each ``i`` in ``todo`` through the backend, then
         ``results[i] = finish(state, res)``. A BlockError is the block's result; any other
         error is raised once the batch is done (every op finished). ``inline``: one op runs in
-        the calling thread (nothing to overlap)."""
+        the calling thread (nothing to overlap). ``reads``: the ops read blocks that
+        ``finish`` decodes."""
         states: dict[int, Any] = {}
         errors: list[Exception] = []
 
@@ -213,12 +225,15 @@ class FileTier(Tier):
         # Coded blocks on a backend that completes in this thread: their checks and decodes go
         # to the decode threads (all cores), and this thread goes on driving the I/O.
         handed: list[tuple[int, Future]] = []
+        in_flight: int | None = None  # the backend's depth
         if self.codec != "raw" and self.io.completes_inline and self._decoders.parallel:
 
             def hand_over(j: int, res: int) -> None:
                 handed.append((j, self._decoders.submit(complete, j, res)))
 
             on_done: Callable[[int, int], None] = hand_over
+            if reads:
+                in_flight = self._decoders.threads + READS_AHEAD
         else:
             on_done = complete
         if inline and len(todo) == 1:
@@ -227,7 +242,7 @@ class FileTier(Tier):
                 complete(0, run_inline(op))
         elif todo:
             try:
-                self.io.run(len(todo), prepare, on_done)
+                self.io.run(len(todo), prepare, on_done, in_flight)
             finally:
                 for _, fut in handed:  # complete() keeps its errors: this only waits
                     fut.exception()
@@ -286,6 +301,7 @@ class FileTier(Tier):
             self._finish_read,
             results,
             inline=True,
+            reads=True,
         )
 
     @contextlib.contextmanager

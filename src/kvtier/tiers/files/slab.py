@@ -313,6 +313,7 @@ class SlabTier(FileTier):
             self._finish_read,
             results,
             inline=False,
+            reads=True,
         )
         return results
 

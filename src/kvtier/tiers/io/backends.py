@@ -90,10 +90,17 @@ class IOBackend(ABC):
         self.depth = depth
 
     @abstractmethod
-    def run(self, count: int, prepare: Prepare, complete: Complete) -> None:
+    def run(
+        self, count: int, prepare: Prepare, complete: Complete, depth: int | None = None
+    ) -> None:
         """Run ``count`` operations: ``prepare(i)`` returns the op (or None: nothing to do for
         ``i``), ``complete(i, result)`` gets bytes moved or ``-errno``. Neither may raise; both
-        may be called from worker threads."""
+        may be called from worker threads. ``depth``: at most this many in flight for this
+        batch (never more than the backend's own depth)."""
+
+    def limit(self, depth: int | None) -> int:
+        """Operations a batch keeps in flight when it asks for at most ``depth``."""
+        return self.depth if depth is None else max(1, min(self.depth, depth))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release threads or rings."""
@@ -115,7 +122,9 @@ class ThreadIO(IOBackend):
         super().__init__(depth)
         self._pool = ThreadPoolExecutor(max(1, depth - 1), thread_name_prefix="kvtier-disk-io")
 
-    def run(self, count: int, prepare: Prepare, complete: Complete) -> None:
+    def run(
+        self, count: int, prepare: Prepare, complete: Complete, depth: int | None = None
+    ) -> None:
         todo = iter(range(count))  # next() on it is atomic under the GIL: each i runs once
 
         def worker() -> None:
@@ -124,7 +133,7 @@ class ThreadIO(IOBackend):
                 if op is not None:
                     complete(i, run_inline(op))
 
-        futures = [self._pool.submit(worker) for _ in range(min(self.depth, count) - 1)]
+        futures = [self._pool.submit(worker) for _ in range(min(self.limit(depth), count) - 1)]
         first: BaseException | None = None
         try:
             worker()
@@ -175,8 +184,11 @@ class UringIO(IOBackend):
                 return
         ring.close()
 
-    def run(self, count: int, prepare: Prepare, complete: Complete) -> None:
+    def run(
+        self, count: int, prepare: Prepare, complete: Complete, depth: int | None = None
+    ) -> None:
         ring = self._take()
+        limit = self.limit(depth)
         keep: dict[int, tuple] = {}  # user_data -> (iovec array, buffers): alive until reaped
 
         def queue(i: int, op: IOOp) -> None:
@@ -189,7 +201,7 @@ class UringIO(IOBackend):
         i = 0
         try:
             while i < count or ring.pending:
-                while i < count and ring.pending < self.depth:
+                while i < count and ring.pending < limit:
                     op = prepare(i)
                     if op is not None:
                         queue(i, op)

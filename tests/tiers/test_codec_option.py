@@ -143,6 +143,46 @@ def test_a_batch_of_coded_blocks_decodes_on_the_decode_threads(tmp_path: Path, k
         tier.close()
 
 
+def test_a_batch_of_coded_reads_keeps_few_reads_ahead_of_the_decoders(tmp_path: Path):
+    """With io_uring and several cores a coded read batch asks the backend for at most the
+    decode threads + READS_AHEAD reads in flight, whatever the tier's depth; a batch of blocks
+    stored raw (noise in a coded tier), and every write batch, keep the tier's depth."""
+    from kvtier.tiers.files.base import READS_AHEAD
+    from kvtier.tiers.io.backends import uring_available
+
+    if not uring_available() or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs io_uring and two cores")
+    tier = open_tier(_urls(tmp_path, "64MiB", "kv")["slab"] + "&io=uring&depth=16", NS)
+    asked: list[tuple[int, int | None]] = []
+    run = tier.io.run
+
+    def spy(count, prepare, complete, depth=None):
+        asked.append((count, depth))
+        return run(count, prepare, complete, depth)
+
+    tier.io.run = spy
+    try:
+        meta = BlockMeta("bf16", SHAPE)
+        blocks = [_kv_block(i) for i in range(6)]
+        noise = np.random.default_rng(3).integers(0, 256, (3, blocks[0].size), dtype=np.uint8)
+        assert all(tier.put_many([(_key(i), b, meta) for i, b in enumerate(blocks)]))
+        assert all(tier.put_many([(_key(10 + i), b, meta) for i, b in enumerate(noise)]))
+        assert {d for _, d in asked} == {None}  # writes: the tier's depth
+        asked.clear()
+        outs = [np.zeros(blocks[0].size, np.uint8) for _ in range(6)]
+        got = tier.get_many_into([_key(i) for i in range(6)], outs)
+        assert [g.meta.codec for g in got] == ["kv"] * 6
+        assert all(np.array_equal(o, b) for o, b in zip(outs, blocks, strict=True))
+        assert asked == [(6, tier._decoders.threads + READS_AHEAD)]
+        asked.clear()
+        got = tier.get_many_into([_key(10 + i) for i in range(3)], outs[:3])
+        assert [g.meta.codec for g in got] == ["raw"] * 3
+        assert all(np.array_equal(o, b) for o, b in zip(outs, noise, strict=False))
+        assert asked == [(3, None)]
+    finally:
+        tier.close()
+
+
 @pytest.mark.parametrize("kind", ["file", "slab"])
 def test_a_batch_of_coded_writes_encodes_ahead_and_every_block_comes_back(
     tmp_path: Path, kind: str

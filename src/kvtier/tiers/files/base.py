@@ -188,12 +188,12 @@ class FileTier(Tier):
         results: list,
         *,
         inline: bool,
-        reads: bool = False,
+        decodes: bool = False,
     ) -> None:
         """Run the op ``plan(i)`` gives for each ``i`` in ``todo`` through the backend, then
         ``results[i] = finish(state, res)``. A BlockError is the block's result; any other
         error is raised once the batch is done (every op finished). ``inline``: one op runs in
-        the calling thread (nothing to overlap). ``reads``: the ops read blocks that
+        the calling thread (nothing to overlap). ``decodes``: the ops read blocks that
         ``finish`` decodes."""
         states: dict[int, Any] = {}
         errors: list[Exception] = []
@@ -232,7 +232,7 @@ class FileTier(Tier):
                 handed.append((j, self._decoders.submit(complete, j, res)))
 
             on_done: Callable[[int, int], None] = hand_over
-            if reads:
+            if decodes:
                 in_flight = self._decoders.threads + READS_AHEAD
         else:
             on_done = complete
@@ -301,7 +301,7 @@ class FileTier(Tier):
             self._finish_read,
             results,
             inline=True,
-            reads=True,
+            decodes=True,
         )
 
     @contextlib.contextmanager

@@ -313,9 +313,19 @@ class SlabTier(FileTier):
             self._finish_read,
             results,
             inline=False,
-            reads=True,
+            decodes=self._any_coded(keys, todo),
         )
         return results
+
+    def _any_coded(self, keys: Sequence[bytes], todo: Sequence[int]) -> bool:
+        """Whether any of the blocks ``todo`` names is stored coded (it is decoded after its
+        read), as far as the index knows."""
+        index = self._index
+        for i in todo:
+            entry = index.get(keys[i])
+            if entry is not None and entry.header.meta.codec != "raw":
+                return True
+        return False
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         items = self._coded_items(items)

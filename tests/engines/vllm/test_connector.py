@@ -50,6 +50,7 @@ def prompts(text_tokens) -> dict[str, list[int]]:
         "P2": t[0:600] + t[4000:4500],
         "D": t[5000:6100],
         "S": [p[:1024] + t[2000 + i * 150 : 2076 + i * 150] for i in range(2)],
+        "W": t[6200:6712],  # exactly two 256-token chunks: a repeat finds all of it in kvtier
     }
 
 
@@ -65,7 +66,7 @@ def runs(prompts, tmp_path_factory):
     def tiers(i: int) -> list[str]:
         return [f"slab://{shm[i]}?size=192MiB", f"slab://{disk}?size=1GiB"]
 
-    P, PQ, P2, D, S = (prompts[k] for k in ("P", "PQ", "P2", "D", "S"))
+    P, PQ, P2, D, S, W = (prompts[k] for k in ("P", "PQ", "P2", "D", "S", "W"))
     started: list[Probe] = []
 
     def probe(spec: dict, name: str) -> Probe:
@@ -119,6 +120,8 @@ def runs(prompts, tmp_path_factory):
                     {"prompts": [PQ], "max_tokens": SHORT},
                     {"prompts": [P2], "max_tokens": SHORT},
                     {"prompts": [D], "max_tokens": SHORT},
+                    {"prompts": [W], "max_tokens": SHORT},
+                    {"prompts": [W], "max_tokens": SHORT},
                     {"signal": str(work / "first.ready"), "wait_for": str(work / "first.go")},
                 ],
             },
@@ -232,6 +235,18 @@ def test_a_partial_hit_loads_only_the_chunks_that_match(runs, prompts):
     assert _tokens(runs["first"], 3) == _tokens(runs["reference"], 4)
     (rec,) = _by_prompt(runs["records"]["first"], prompts["P2"])
     assert rec["loaded_tokens"] == 512
+
+
+def test_a_prompt_kvtier_holds_whole_is_loaded_and_vllm_computes_its_last_token(runs, prompts):
+    """A repeat of a prompt of whole chunks finds every token in host memory. A load inside the
+    step must leave vLLM a token to compute (its scheduler asserts it), so this one loads
+    asynchronously and vLLM recomputes the last token: the engine answers, it does not die."""
+    first = runs["first"]
+    assert len(prompts["W"]) == 512
+    assert 0 < len(_tokens(first, 6)[0]) <= SHORT
+    recs = _by_prompt(runs["records"]["first"], prompts["W"])
+    assert [r["loaded_tokens"] for r in recs] == [0, 512]
+    assert set(recs[1]["hit_tokens"]) == {"host"} and recs[1]["sync"] is False
 
 
 def test_another_engine_process_loads_what_the_first_stored_on_the_shared_disk(runs, prompts):

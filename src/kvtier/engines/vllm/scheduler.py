@@ -186,7 +186,11 @@ class SchedulerSide:
             return 0, False
         wanted = want - local
         on_host = all(t == 0 for t in found.tiers[:wanted])
-        st.sync = on_host and self.config.sync_host
+        # A load inside the step must leave vLLM a token to compute (its scheduler asserts so);
+        # a load of the whole request goes asynchronously, and vLLM then recomputes the last
+        # token itself when the load is done.
+        leaves_one = want * self.chunk < request.num_tokens
+        st.sync = on_host and self.config.sync_host and leaves_one
         st.decision = decision.action if decision is not None else "load (unmeasured)"
         st.plan = (num_computed_tokens, want, list(found.tiers[:wanted]))
         st.predicted_load_s = decision.predicted_load_s if decision else 0.0

@@ -225,7 +225,7 @@ class FileTier(Tier):
         # Coded blocks on a backend that completes in this thread: their checks and decodes go
         # to the decode threads (all cores), and this thread goes on driving the I/O.
         handed: list[tuple[int, Future]] = []
-        in_flight: int | None = None  # the backend's depth
+        in_flight: int | None = None  # None: the backend's own depth
         if self.codec != "raw" and self.io.completes_inline and self._decoders.parallel:
 
             def hand_over(j: int, res: int) -> None:

@@ -146,7 +146,8 @@ class OnlineCosts:
         policy = LoadOrRecompute(
             _Compute(fit), self.chunk_bytes / self.chunk_tokens, paths, self.chunk_tokens
         )
-        # the scheduler offers only chunks that leave vLLM a token to compute: all are usable
+        # every full chunk the scheduler offers is usable: a load of the whole request goes
+        # asynchronously, and vLLM recomputes its last token after it
         decision = policy.decide(
             prompt_tokens,
             [ENGINE] * local_chunks + list(hit_tiers),

@@ -7,6 +7,7 @@ reads only these fields); the tiers, keys, cost model and preloader are the real
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import uuid
 from types import SimpleNamespace
@@ -159,4 +160,38 @@ def test_new_full_chunks_are_planned_for_storing_once(dirs):
         again.num_scheduled_tokens = {"r1": 1}
         assert side.build_connector_meta(again).stores == []
     finally:
+        side.close()
+
+
+def test_a_request_is_not_held_back_while_its_preload_is_only_looking(dirs):
+    """Holding a request back pays only while its KV is moving: a preload still looking for
+    slower chunks gives way, and the request is scheduled at once (a miss here)."""
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY)
+    looking, release, looked = threading.Event(), threading.Event(), threading.Event()
+    lookup = side.cache.lookup
+
+    def slow_in_preloader(keys):
+        if threading.current_thread().name != "kvtier-preload":
+            return lookup(keys)
+        looking.set()
+        release.wait(10)
+        try:
+            return lookup(keys)
+        finally:
+            looked.set()
+
+    side.cache.lookup = slow_in_preloader
+    try:
+        req = _request(list(range(4000, 4000 + 3 * CHUNK + 5)))
+        side.on_new_request(req)
+        assert looking.wait(10)  # the preloader is inside its lookup
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # not None: not held
+        release.set()
+        assert looked.wait(10)
+        time.sleep(0.05)  # the preloader's last steps after its lookup
+        assert side._reqs["r1"].preload == ""  # the preload gave way and moved nothing
+        stats = side.take_stats()
+        assert stats is None or not stats.data["counts"].get("preload_holds")
+    finally:
+        release.set()
         side.close()

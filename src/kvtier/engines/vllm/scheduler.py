@@ -61,7 +61,7 @@ class _Request:
     load_started: float = 0.0
     predicted_load_s: float = 0.0
     prefill_saved_s: float = 0.0
-    preload: str = ""  # "", "queued", "moving", "done"
+    preload: str = ""  # "", "queued", "looking", "moving", "done"
     preload_bytes: int = 0
     preloaded: int = 0
     recorded: bool = False
@@ -159,6 +159,8 @@ class SchedulerSide:
             if st.preload == "queued":
                 st.preload = ""  # scheduled before its turn: it loads from where its KV is
                 self._preload_queue.remove(request.request_id)
+            elif st.preload == "looking":
+                st.preload = ""  # nothing is moving yet: the preload gives way
         if st.failed:
             return 0, False
         try:
@@ -420,13 +422,13 @@ class SchedulerSide:
                 st = self._reqs.get(req_id)
                 if st is None or st.preload != "queued":
                     continue
-                st.preload = "moving"
+                st.preload = "looking"
             try:
                 self._preload_one(st)
             except Exception as exc:  # a preload is only ever a head start
                 log.warning("kvtier preload failed (%s)", exc)
             with self._lock:
-                if st.preload == "moving":
+                if st.preload in ("looking", "moving"):
                     st.preload = "done"
 
     def _preload_one(self, st: _Request) -> None:
@@ -443,13 +445,14 @@ class SchedulerSide:
                 not self._closed
                 and self._preload_in_flight
                 and self._preload_in_flight + need > self.config.preload_bytes
-                and st.preload == "moving"
+                and st.preload == "looking"
             ):
                 self._preload_wake.wait(0.05)
-            if self._closed or st.preload != "moving":
-                return
+            if self._closed or st.preload != "looking":
+                return  # closing, or vLLM scheduled the request first: it loads on its own
             self._preload_in_flight += need
             st.preload_bytes = need
+            st.preload = "moving"  # from here on vLLM holds the request back (up to a bound)
         result = self.cache.prefetch(keys[: found.hit_chunks]).result()
         st.preloaded = result.promoted
         self.counters.add("preloaded_chunks", result.promoted)

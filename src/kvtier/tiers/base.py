@@ -212,6 +212,12 @@ class Tier(ABC):
         pinned = self._pinned
         return pinned is not None and pinned(key)
 
+    def reserve(self, block_bytes: int, touch: bool = False) -> int:
+        """Take the room of blocks of ``block_bytes`` now rather than write by write (a tier
+        that grows its storage as it fills; ``touch``: also write it once, so that memory
+        behind it is allocated now); the bytes taken, 0 where there is nothing to do."""
+        return 0
+
     @property
     def io_profile(self) -> IOProfile | None:
         """How the tier does file I/O (None: not a tier on a local filesystem)."""

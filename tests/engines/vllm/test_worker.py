@@ -107,3 +107,11 @@ def test_a_long_synchronous_load_is_split_in_two_and_a_bad_chunk_fails_only_its_
     for layer in caches:
         assert torch.equal(layer[2].view(torch.int16), layer[0].view(torch.int16))
         assert torch.equal(layer[3].view(torch.int16), layer[1].view(torch.int16))
+
+
+def test_the_host_memory_tier_takes_its_room_when_the_worker_opens_it(worker):
+    side, _caches = worker
+    host, disk = side.cache.tiers
+    slot_files = list(host.root.glob("*.slab"))
+    assert sum(p.stat().st_size for p in slot_files) > 8 * 2**20 - 2 * side.chunk_bytes - 8192
+    assert not list(disk.root.glob("*.slab"))  # a disk tier grows as it fills

@@ -329,6 +329,36 @@ def test_capacity_bound_with_mixed_sizes(tmp_path: Path):
             check_payload(_get(tier, key, 30_000), tier._index[key].header.raw_len, key)
 
 
+def test_reserve_grows_the_file_to_the_size_once_and_writes_then_never_grow_it(tmp_path: Path):
+    block = 30_000
+    slot = PAGE + align_up(block)
+    cap = 24 * slot + 100
+    with SlabTier(NS_A, tmp_path, cap, io="threads", codec="raw") as tier:
+        assert tier.reserve(block) == 24 * slot
+        assert tier.reserve(block) == 0  # already there
+        (path,) = list(tier.root.glob("*.slab"))
+        assert path.stat().st_size == 24 * slot
+        allocated = os.stat(path).st_blocks * 512
+        assert allocated >= 24 * slot  # the room is taken, not a sparse file
+        keys = [make_key(i) for i in range(40)]  # more than fit: the oldest are evicted
+        for i, key in enumerate(keys):
+            assert tier.put(key, make_payload(key, i, block))
+            assert path.stat().st_size == 24 * slot
+        held = list(tier.iter_keys())
+        assert len(held) == 24 and tier.usage().used_bytes <= cap
+        for key in held:
+            check_payload(_get(tier, key, block), block, key)
+    with SlabTier(NS_A, tmp_path / "touched", cap, io="threads", codec="raw") as touched:
+        assert touched.reserve(block, touch=True) == 24 * slot  # the room written once (zeros)
+        (path,) = list(touched.root.glob("*.slab"))
+        assert path.stat().st_size == 24 * slot and path.read_bytes() == bytes(24 * slot)
+        key = make_key(1)
+        assert touched.put(key, make_payload(key, 1, block))
+        check_payload(_get(touched, key, block), block, key)
+    with SlabTier(NS_A, tmp_path / "coded", cap, io="threads", codec="kv") as coded:
+        assert coded.reserve(block) == 0  # coded blocks' sizes vary: nothing to reserve
+
+
 # --- two processes -----------------------------------------------------------------------------
 def test_two_processes_never_see_a_torn_block(tmp_path: Path):
     nkeys = 24

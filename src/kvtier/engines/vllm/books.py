@@ -40,18 +40,26 @@ def tier_url(url: str) -> str:
         return url
     if "codec" not in parsed.options and "codec" in {f.name for f in fields(cls)}:
         changes["codec"] = "raw"
-    if parsed.scheme in ("slab", "file") and "name" not in parsed.options:
-        path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
-        if path.startswith(HOST_MEMORY_DIRS):
-            changes["name"] = "host"
+    if "name" not in parsed.options and in_host_memory(url):
+        changes["name"] = "host"
     return replace_options(url, **changes) if changes else url
+
+
+def in_host_memory(url: str) -> bool:
+    """Whether ``url`` is a directory tier in host memory (tmpfs)."""
+    parsed = TierURL.parse(url)
+    path = parsed.path if parsed.path.endswith("/") else parsed.path + "/"
+    return parsed.scheme in ("slab", "file") and path.startswith(HOST_MEMORY_DIRS)
 
 
 def open_cache(
     config: ConnectorConfig, namespace: Namespace, role: str, chunk_bytes: int
 ) -> TieredCache:
     """The TieredCache of one half (``role``: ``scheduler`` or ``worker``) over chunks of
-    ``chunk_bytes``."""
+    ``chunk_bytes``. The worker takes the room of its tiers in host memory when it opens them
+    (when the engine starts, as vLLM takes its KV pool), and writes it once: a tmpfs page is
+    allocated and zeroed on its first write, and otherwise that would happen in the thread
+    that stores chunks, taking CPU from the forwards."""
     n = len(config.tiers)
     if role == "scheduler":
         opts = [TierOptions("through", promote=True)] + [TierOptions("none")] * (n - 1)
@@ -61,7 +69,10 @@ def open_cache(
     tiers = []
     try:
         for url in config.tiers:
-            tiers.append(open_tier(tier_url(url), namespace.id))
+            tier = open_tier(tier_url(url), namespace.id)
+            tiers.append(tier)
+            if role == "worker" and in_host_memory(url):
+                tier.reserve(chunk_bytes, touch=True)
     except BaseException:
         for tier in tiers:
             tier.close()

@@ -69,13 +69,14 @@ from kvtier.tiers.files.slab_log import LogTail, SlabLog
 from kvtier.tiers.io import batch as _short
 from kvtier.tiers.io.backends import IOOp, UringIO, run_inline
 from kvtier.tiers.io.batch import WriteOp, buffer_address, seed_of
-from kvtier.tiers.io.buffers import PAGE, align_up
+from kvtier.tiers.io.buffers import PAGE, align_up, aligned_array
 
 SUFFIX = ".slab"
 CLEAN = ".clean"
 SEQ_AT = HEADER_SIZE - 8  # the write sequence number, in the header's reserved padding
 GROW_BYTES = 64 << 20  # the most a slab file grows by at once
 GROW_PARTS = 16  # ... and at most this fraction of the tier's size
+TOUCH_BYTES = 8 << 20  # the zeros a reservation writes at a time
 _PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -611,8 +612,45 @@ class SlabTier(FileTier):
                 return f, heapq.heappop(f.free)
         return None
 
-    def _fresh_slot(self, size: int) -> tuple[_File, int] | None:
-        """A never-used (or punched) slot of ``size`` bytes; grows or creates a file."""
+    def reserve(self, block_bytes: int, touch: bool = False) -> int:
+        """Grow this writer's file of raw blocks of ``block_bytes`` to the tier's size now, so
+        that no later write grows it; ``touch`` also writes the new room once (zeros): on tmpfs
+        a page is allocated and zeroed on its first write, in the writing thread, whatever
+        ``fallocate`` did. The bytes added (0 for a coded tier, whose blocks' sizes vary, or
+        when the filesystem has no room: growth then happens write by write)."""
+        if self.codec != "raw" or block_bytes <= 0:
+            return 0
+        size = max(self.min_slot, PAGE + align_up(block_bytes))
+        with self._lock:
+            files = self._class_files_locked(size)
+            if files is None:
+                return 0
+            f = files[0]
+            grow = (self.capacity - self.file_bytes) // size
+            if grow <= 0:
+                return 0
+            try:
+                os.posix_fallocate(f.fd, f.slots * size, grow * size)
+            except OSError as exc:
+                if exc.errno in NOSPACE:
+                    self._note(f"no room to reserve size= at open ({exc.strerror})")
+                    return 0
+                raise
+            if touch:
+                zeros = aligned_array(min(grow * size, TOUCH_BYTES))
+                zeros[:] = 0
+                end = (f.slots + grow) * size
+                for offset in range(f.slots * size, end, zeros.nbytes):
+                    os.pwrite(f.fd, zeros[: min(zeros.nbytes, end - offset)], offset)
+            first = f.slots
+            f.slots += grow
+            for slot in range(first, first + grow):
+                heapq.heappush(f.hollow, slot)
+            return grow * size
+
+    def _class_files_locked(self, size: int) -> list[_File] | None:
+        """This writer's files of slot ``size`` (one created if none); None when the
+        filesystem has no inode left."""
         files = self._classes.get(size)
         if files is None:
             path = str(self.root / f"{self.writer}-{size}{SUFFIX}")
@@ -625,6 +663,13 @@ class SlabTier(FileTier):
                 raise
             _try_lock(fd)
             files = self._classes[size] = [_File(path, size, fd, own=True)]
+        return files
+
+    def _fresh_slot(self, size: int) -> tuple[_File, int] | None:
+        """A never-used (or punched) slot of ``size`` bytes; grows or creates a file."""
+        files = self._class_files_locked(size)
+        if files is None:
+            return None
         for f in files:
             if f.hollow:
                 return f, heapq.heappop(f.hollow)

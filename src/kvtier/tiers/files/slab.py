@@ -551,10 +551,7 @@ class SlabTier(FileTier):
         with self._lock:
             if not self.ledger.admit(key, n, meta.value):
                 return None
-            size = PAGE + align_up(n)
-            if codec_id:  # coded sizes vary block to block: a few classes, not one per size
-                size = coded_size_class(size)
-            place = self._take_slot(max(self.min_slot, size))
+            place = self._take_slot(self._slot_size(n, coded=bool(codec_id)))
             if place is None:
                 return None
             self._seq = seq = max(self._seq + 1, time.time_ns())
@@ -562,6 +559,13 @@ class SlabTier(FileTier):
         head, checksum, seed = _short.seal(zeroed[:SEQ_AT] + seq.to_bytes(8, "little"), stored)
         header = BlockHeader(self.namespace, key, meta, raw.nbytes, n, checksum)
         return _Entry(place[0], place[1], head, header, seed, seq), stored
+
+    def _slot_size(self, stored: int, coded: bool) -> int:
+        """The slot size (the file class) a block of ``stored`` bytes goes to."""
+        size = PAGE + align_up(stored)
+        if coded:  # coded sizes vary block to block: a few classes, not one per size
+            size = coded_size_class(size)
+        return max(self.min_slot, size)
 
     def _plan_write(
         self, key: bytes, payload, meta: BlockMeta, encoded: Encoded | None = None
@@ -620,7 +624,7 @@ class SlabTier(FileTier):
         when the filesystem has no room: growth then happens write by write)."""
         if self.codec != "raw" or block_bytes <= 0:
             return 0
-        size = max(self.min_slot, PAGE + align_up(block_bytes))
+        size = self._slot_size(block_bytes, coded=False)
         with self._lock:
             files = self._class_files_locked(size)
             if files is None:
@@ -644,8 +648,7 @@ class SlabTier(FileTier):
                     os.pwrite(f.fd, zeros[: min(zeros.nbytes, end - offset)], offset)
             first = f.slots
             f.slots += grow
-            for slot in range(first, first + grow):
-                heapq.heappush(f.hollow, slot)
+            f.hollow.extend(range(first, first + grow))  # all above the file's slots: a heap
             return grow * size
 
     def _class_files_locked(self, size: int) -> list[_File] | None:

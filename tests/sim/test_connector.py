@@ -48,3 +48,25 @@ def test_a_queued_request_is_preloaded_from_disk_into_the_first_tier():
         conn.by_name["disk"].hold(conn.chunk_key(r, c), conn.chunk_bytes)
     result = sim.run()
     assert conn.preloaded_chunks == 9 and result.records[0].hit_tokens.get("dram") == 9 * 2 * BLOCK
+
+
+def test_prompts_that_repeat_nothing_stop_being_stored_and_a_repeat_is_stored():
+    """admit=auto, as the connector: a window of one-shot prompts turns storing off for new
+    chunks; a prompt repeating an earlier one's chunks stores those."""
+    window = 16
+    cfg = config(engine=engine(blocks=400), kvtier=kvtier(dram()))
+    one_shot = [request(float(i), 8 * BLOCK, tag=f"o{i}") for i in range(window + 4)]
+    repeat = shared_prefix(100.0, 8 * BLOCK, 8, "r")  # blocks p0..p7
+    first = shared_prefix(50.0, 8 * BLOCK, 8, "f")  # the same prefix, seen first
+    sim = Simulator(cfg, [*one_shot, first, repeat])
+    conn = sim.replicas[0].connector
+    assert conn.sightings.window == window
+    sim.run()
+    # the prompts before the window filled were stored (4 chunks each); the one that filled it,
+    # the four after it and the prefix's first sight were not; its repeat found the prefix in
+    # the engine's own pool and computed only its last chunk, which it stored
+    assert conn.stored_chunks == (window - 1) * 4 + 1
+    assert conn.unadmitted_chunks == 5 * 4 + 4
+    always = Simulator(replace(cfg, kvtier=kvtier(dram(), admit="always")), [*one_shot, first])
+    always.run()
+    assert always.replicas[0].connector.stored_chunks == (window + 5) * 4

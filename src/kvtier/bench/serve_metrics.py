@@ -86,6 +86,7 @@ class CacheCounters:
     kvtier_loaded_tokens: float = 0.0
     kvtier_load_errors: float = 0.0
     kvtier_stored_chunks: float = 0.0
+    kvtier_unadmitted_chunks: float = 0.0
     tier_hit_tokens: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -109,6 +110,7 @@ class CacheCounters:
             kvtier_loaded_tokens=_total(d, "kvtier_loaded_tokens_total"),
             kvtier_load_errors=_total(d, "kvtier_load_errors_total"),
             kvtier_stored_chunks=_total(d, "kvtier_stored_chunks_total"),
+            kvtier_unadmitted_chunks=_total(d, "kvtier_unadmitted_chunks_total"),
             tier_hit_tokens=dict(sorted(tiers.items())),
         )
 

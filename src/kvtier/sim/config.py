@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvtier.errors import ConfigError
+from kvtier.policy.sightings import ADMIT_MODES
 from kvtier.sim.tiers import TierSpec
 from kvtier.sim.timing import StepTimer
 
@@ -66,14 +67,15 @@ class KvtierSpec:
     ``decide``: the load-or-recompute cut (else every hit loads). ``preload``: a queued
     request's chunks on slower tiers are copied into the first tier in arrival order, at most
     ``preload_bytes`` in flight, and a request whose copy is under way when its turn comes is
-    held back up to ``preload_wait_s``. ``host_link``: bytes/s of the link KV crosses between
-    the engine and host memory (None: the engine computes on the host). ``token_cost_s``
-    and ``request_cost_s`` are what the connector adds to a step: per prefilled token (the
-    worker gathers completed chunks out of the paged cache to store them) and per request it
-    looks up (keys, lookups, the decision, in the scheduler). ``contention``: what the connector
-    adds to how much each request in flight beyond the first slows a step (its threads share
-    the host's cores with the forward), on top of the frontend's (negative: less; the sum is
-    kept at zero or more).
+    held back up to ``preload_wait_s``. ``admit``: which completed chunks are stored, as the
+    connector's option (``always``, ``repeat``, ``auto``). ``host_link``: bytes/s of the link KV
+    crosses between the engine and host memory (None: the engine computes on the host).
+    ``token_cost_s`` and ``request_cost_s`` are what the connector adds to a step: per prefilled
+    token (the worker gathers completed chunks out of the paged cache to store them) and per
+    request it looks up (keys, lookups, the decision, in the scheduler). ``contention``: what
+    the connector adds to how much each request in flight beyond the first slows a step (its
+    threads share the host's cores with the forward), on top of the frontend's (negative: less;
+    the sum is kept at zero or more).
     """
 
     tiers: tuple[TierSpec, ...]
@@ -84,6 +86,7 @@ class KvtierSpec:
     preload_bytes: float = 256 * 2**20
     preload_wait_s: float = 2.0
     store: bool = True
+    admit: str = "auto"
     host_link_bandwidth: float | None = None
     host_link_latency_s: float = 0.0
     token_cost_s: float = 0.0
@@ -98,6 +101,8 @@ class KvtierSpec:
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
             raise ConfigError(f"tier names must differ, got {names}")
+        if self.admit not in ADMIT_MODES:
+            raise ConfigError(f"admit must be one of {ADMIT_MODES}, got {self.admit!r}")
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class SimRequest:
     preload_pending: int = 0
     decision: str = ""
     prompt: int = 0
+    repeats: list[bool] | None = None  # per prompt chunk: an earlier prompt held it (admit)
 
     def __post_init__(self) -> None:
         self.prompt = self.trace.input_tokens

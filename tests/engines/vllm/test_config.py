@@ -23,6 +23,7 @@ def test_extra_config_is_typed_and_sizes_are_parsed(tmp_path):
     assert config.chunk_tokens == 512
     assert config.preload_bytes == 32 << 20
     assert config.write == "back" and config.preload and config.store
+    assert config.admit == "auto"
 
 
 def test_a_config_file_gives_the_same_keys_and_extra_keys_override_it(tmp_path):
@@ -43,6 +44,7 @@ def test_a_config_file_gives_the_same_keys_and_extra_keys_override_it(tmp_path):
         ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "chunk_tokens": 0}, "chunk_tokens"),
         ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "preload": "yes"}, "preload"),
         ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "write": "sometimes"}, "write"),
+        ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "admit": "often"}, "admit"),
         ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "colour": "blue"}, "unknown"),
         ({"tiers": ["slab:///dev/shm/x?size=1GiB"], "records": "/no/such/dir/r.jsonl"}, "records"),
         ({"config": "/no/such/kvtier.json"}, "cannot read"),

@@ -195,3 +195,60 @@ def test_a_request_is_not_held_back_while_its_preload_is_only_looking(dirs):
     finally:
         release.set()
         side.close()
+
+
+def _stored_chunks(side: SchedulerSide, tokens: list[int], rid: str) -> int:
+    """Run a new request's lookup and its whole prefill step; chunks the step plans to store."""
+    req = _request(tokens, rid)
+    side.on_new_request(req)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    blocks = list(range(len(tokens) // GEOMETRY.block_size + 1))
+    side.update_state_after_alloc(req, Blocks(blocks), 0)
+    step = _empty_step()
+    step.scheduled_new_reqs = [
+        SimpleNamespace(req_id=rid, block_ids=(blocks,), num_computed_tokens=0)
+    ]
+    step.num_scheduled_tokens = {rid: len(tokens)}
+    stores = side.build_connector_meta(step).stores
+    side.request_finished(req, blocks)
+    return sum(len(job.keys) for job in stores)
+
+
+@pytest.mark.parametrize("admit", ["auto", "repeat", "always"])
+def test_chunks_no_earlier_prompt_held_are_stored_only_while_prompts_repeat(dirs, admit):
+    """admit=auto stores every chunk until a window of prompts has passed with no repeat, then
+    only chunks an earlier prompt held, until a prompt repeats one; repeat always stores only those;
+    always stores everything. Nothing is looked up or stored in the tiers here (preload off)."""
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False, admit=admit)
+    side = SchedulerSide(config, NS, GEOMETRY)
+    window = side._sightings.window
+    rng = np.random.default_rng(7)
+
+    def fresh(chunks: int) -> list[int]:
+        return [int(t) for t in rng.integers(1000, 30000, chunks * CHUNK + 3)]
+
+    try:
+        first = fresh(8)
+        stored = [_stored_chunks(side, first, "a0")]
+        for i in range(1, window):  # distinct prompts until the window is full
+            stored.append(_stored_chunks(side, fresh(8), f"a{i}"))
+        after = _stored_chunks(side, fresh(8), "b")  # the window holds no repeat
+        shared = first[: 5 * CHUNK] + fresh(3)  # five leading chunks repeat the first prompt's
+        again = _stored_chunks(side, shared, "c")
+        reopened = _stored_chunks(side, fresh(8), "d")
+        stats = side.take_stats()
+        unadmitted = stats.data["counts"].get("unadmitted_chunks", 0) if stats else 0
+    finally:
+        side.close()
+    if admit == "always":
+        assert stored == [8] * len(stored) and (after, again, reopened) == (8, 8, 8)
+        assert unadmitted == 0
+    elif admit == "auto":
+        # nothing is known against storing until the window is full; the prompt that fills it
+        # is the first one not stored
+        assert stored == [8] * (window - 1) + [0]
+        assert (after, again, reopened) == (0, 8, 8)  # a repeat reopens storing at once
+        assert unadmitted == 8 + 8
+    else:
+        assert stored == [0] * window and (after, again, reopened) == (0, 5, 0)
+        assert unadmitted == 8 * window + 8 + 3 + 8

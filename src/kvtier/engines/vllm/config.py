@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
+from kvtier.policy.sightings import ADMIT_MODES
 from kvtier.specs.units import parse_size
 from kvtier.tiers.base import TierURL
 from kvtier.tiers.registry import check_tier_url
@@ -41,6 +42,9 @@ class ConnectorConfig:
     move its KV from slower tiers into the first one, within ``preload_bytes`` in flight;
     ``preload_wait_s`` is how long a queued request whose KV is still moving up is held back
     (vLLM schedules others meanwhile). ``store``: keep new chunks (off: read-only use).
+    ``admit``: which new chunks are stored: ``always``; ``repeat``, only a chunk some earlier
+    request's prompt also held (one-shot prompts cost nothing and displace nothing); ``auto``,
+    every chunk while recent prompts repeat chunks of earlier ones, else as ``repeat``.
     ``sync_host``: a request whose chunks all sit in the first tier (host memory) loads inside
     the step that schedules it, before the forward, instead of waiting a step for an
     asynchronous load. ``records``: a JSON-lines file with one line per request the connector
@@ -56,6 +60,7 @@ class ConnectorConfig:
     preload_bytes: int = 256 << 20
     preload_wait_s: float = 2.0
     store: bool = True
+    admit: str = "auto"
     records: str | None = None
     model_id: str | None = None
     fingerprint: str | None = None
@@ -82,6 +87,8 @@ class ConnectorConfig:
             raise ConfigError(f"chunk_tokens must be at least 1, got {self.chunk_tokens}")
         if self.write not in WRITE_MODES:
             raise ConfigError(f"write must be one of {WRITE_MODES}, got {self.write!r}")
+        if self.admit not in ADMIT_MODES:
+            raise ConfigError(f"admit must be one of {ADMIT_MODES}, got {self.admit!r}")
         if self.preload_bytes < 0 or self.preload_wait_s < 0:
             raise ConfigError("preload_bytes and preload_wait_s cannot be negative")
         if self.queue_chunks < 1 or self.load_workers < 1:

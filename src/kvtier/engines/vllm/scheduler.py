@@ -5,7 +5,9 @@ they hold beyond what vLLM's own prefix cache has, lets the cost model pick how 
 (:class:`~kvtier.engines.vllm.costs.OnlineCosts`, with the loads already in flight), and tells
 vLLM the load is asynchronous: the request waits for its KV while the engine runs the others.
 Each step it sends the worker the loads just allocated and, for every request the step
-computes, the chunks the step completes (to store). It never moves KV itself, except
+computes, the chunks the step completes that are worth storing (``admit``: by default every
+chunk while recent prompts repeat chunks of earlier ones, else only the repeated ones, so a
+workload without reuse pays almost nothing for the cache). It never moves KV itself, except
 preloading: from the moment a request is queued, its chunks on slower tiers are copied up into
 the first tier (in arrival order, within ``preload_bytes`` in flight), and a request whose KV is
 being moved when its turn comes is held back (up to ``preload_wait_s``) while vLLM schedules
@@ -19,6 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +35,7 @@ from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import ChunkKeyer, Namespace
+from kvtier.policy.sightings import Sightings
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -69,6 +73,7 @@ class _Request:
     sync: bool = False  # its load runs inside the step that schedules it (host memory)
     decision: str = ""
     hit_chunks: int = 0  # chunks kvtier held beyond vLLM's cache at the last lookup
+    repeats: list[bool] | None = None  # per prompt chunk: an earlier prompt held it too
 
 
 class SchedulerSide:
@@ -92,6 +97,7 @@ class SchedulerSide:
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
         self.counters = ConnectorCounters(self.cache.metrics)
+        self._sightings = Sightings()
         self._reqs: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
         self._inflight: dict[str, _Request] = {}
@@ -151,6 +157,8 @@ class SchedulerSide:
         """Tokens kvtier will load beyond vLLM's ``num_computed_tokens`` (asynchronously)."""
         with self._lock:
             st = self._state(request)
+            if st.repeats is None and self.config.admit != "always":
+                st.repeats = self._sightings.sight(self._keys(st, request.num_tokens))
             st.local_tokens = num_computed_tokens
             held = time.monotonic() - st.arrived < self.config.preload_wait_s
             if st.preload == "moving" and held:
@@ -287,7 +295,14 @@ class SchedulerSide:
             return  # the blocks are not all known here (should not happen): store nothing
         keys = self._keys(st, full * self.chunk)
         bpc = self.blocks_per_chunk
-        chosen = range(st.stored, full)
+        chosen: Sequence[int] = range(st.stored, full)
+        if not self._admits_all():
+            repeats = st.repeats or []
+            chosen = [c for c in chosen if c < len(repeats) and repeats[c]]
+            self.counters.add("unadmitted_chunks", full - st.stored - len(chosen))
+        st.stored = full
+        if not chosen:
+            return
         for c in chosen:  # a chunk stored anew may be offered again
             self._bad.pop(keys[c], None)
         meta.stores.append(
@@ -297,7 +312,11 @@ class SchedulerSide:
                 tuple(tuple(st.block_ids[c * bpc : (c + 1) * bpc]) for c in chosen),
             )
         )
-        st.stored = full
+
+    def _admits_all(self) -> bool:
+        """Whether every new chunk is stored now (else only those an earlier prompt held)."""
+        admit = self.config.admit
+        return admit == "always" or (admit == "auto" and self._sightings.repeating)
 
     def update_connector_output(self, connector_output) -> None:
         """Loads the worker finished: count and record them; measurements feed the cost model."""

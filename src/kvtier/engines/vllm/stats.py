@@ -44,6 +44,7 @@ COUNTERS = {
     "load_errors": "chunks that failed to load (vLLM recomputed their blocks)",
     "stored_chunks": "chunks handed to kvtier's tiers",
     "dropped_chunks": "chunks a full write queue dropped",
+    "unadmitted_chunks": "new chunks not stored: no earlier prompt held them (admit)",
     "store_seconds": "seconds the forward path spent copying new chunks out",
     "preloaded_chunks": "chunks moved up into the first tier while their request was queued",
     "preload_holds": "times a queued request was held back while its KV was moving up",

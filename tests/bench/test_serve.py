@@ -370,6 +370,8 @@ def test_ratios_against_vllm_alone():
     rnd = by_name["random (no reuse): kvtier / vLLM alone throughput"]
     assert rnd.measured == pytest.approx(0.98) and rnd.passed
     assert "median of 3 rounds alternating" in rnd.detail
+    lo, hi = r.random_interval()
+    assert lo < 0.98 < hi and f"90 % interval {lo:.2f}-{hi:.2f}" in rnd.detail
 
 
 def test_missing_figures_are_not_measured():
@@ -397,6 +399,7 @@ def test_report_renders_as_table_json_and_plot(tmp_path):
     assert data["schema"] == "kvtier.bench.serve/1"
     assert data["ttft_p50_speedup_vs_vllm"]["1"]["kvtier"] == pytest.approx(4.0)
     assert data["random_throughput"] == {"vllm": 100.0, "kvtier": 98.0}
+    assert data["random_ratio_interval_90"] == list(r.random_interval())
     assert len(data["runs"]) == 8 + 6 and data["config"]["pool_blocks_used"] == 32
     png = serve_plot(r, tmp_path / "plots")
     assert png == tmp_path / "plots" / "bench-serve.png" and png.stat().st_size > 0

@@ -24,6 +24,7 @@ from kvtier.bench.serve_config import (
     ServeBenchConfig,
 )
 from kvtier.bench.serve_metrics import CacheCounters
+from kvtier.bench.stats import median_ratio_interval
 
 if TYPE_CHECKING:
     from kvtier.bench.serve_preload import PreloadResult
@@ -160,11 +161,19 @@ class ServeReport:
         """vLLM alone's TTFT p50 over ``system``'s, at ``concurrency``."""
         return _ratio(self.p50(REFERENCE, concurrency), self.p50(system, concurrency))
 
+    def random_rounds(self, system: str) -> list[float]:
+        """Total token throughput (tokens/s) of each of ``system``'s random rounds that ran."""
+        values = [r.client.total_token_throughput for r in self.random_runs(system)]
+        return [v for v in values if v > 0]
+
     def random_throughput(self, system: str) -> float | None:
         """Median total token throughput (tokens/s) of ``system``'s random rounds."""
-        values = [r.client.total_token_throughput for r in self.random_runs(system)]
-        values = [v for v in values if v > 0]
+        values = self.random_rounds(system)
         return statistics.median(values) if values else None
+
+    def random_interval(self) -> tuple[float, float] | None:
+        """90 % bootstrap interval of kvtier / vLLM alone's median random throughput."""
+        return median_ratio_interval(self.random_rounds("kvtier"), self.random_rounds(REFERENCE))
 
     def targets(self) -> list[Target]:
         """The measured ratios against the issue's thresholds."""
@@ -200,6 +209,12 @@ class ServeReport:
             r = _ratio(kv, ref)
             rounds = len(self.random_runs("kvtier"))
             how = "alternating" if self.config.alternating() else "one after the other"
+            interval = self.random_interval()
+            spread = (
+                f"; 90 % interval {interval[0]:.2f}-{interval[1]:.2f} from resampling the rounds"
+                if interval is not None
+                else ""
+            )
             out.append(
                 Target(
                     "random (no reuse): kvtier / vLLM alone throughput",
@@ -208,7 +223,7 @@ class ServeReport:
                     None if r is None else r >= 1 - THROUGHPUT_TOLERANCE,
                     (
                         f"median of {rounds} rounds {how}: kvtier {kv or 0:.0f} vs vLLM "
-                        f"{ref or 0:.0f} tok/s"
+                        f"{ref or 0:.0f} tok/s{spread}"
                     ),
                 )
             )
@@ -251,6 +266,7 @@ class ServeReport:
             "random_throughput": {
                 s: self.random_throughput(s) for s in self.config.random_systems()
             },
+            "random_ratio_interval_90": self.random_interval(),
             "systems": [s.as_dict() for s in self.systems],
             "runs": [r.as_dict(detailed) for r in self.runs],
             "tiers": self.tiers,

@@ -104,3 +104,22 @@ def combine_passes(passes: Sequence[PassResult]) -> PassResult:
         requests=sum(p.requests for p in passes),
         latency=latency,
     )
+
+
+def median_ratio_interval(
+    num: Sequence[float], den: Sequence[float], level: float = 0.9, draws: int = 4000
+) -> tuple[float, float] | None:
+    """A percentile-bootstrap interval of median(num) / median(den): each sample's rounds drawn
+    again with replacement, independently, ``draws`` times (a fixed seed: the same rounds give
+    the same interval). None with fewer than two rounds on either side.
+
+    A round-to-round spread larger than the effect looked for shows here as an interval wider
+    than the gap between the ratio and its threshold."""
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    if a.size < 2 or b.size < 2 or not (b > 0).all():
+        return None
+    rng = np.random.default_rng(0)
+    ma = np.median(a[rng.integers(0, a.size, (draws, a.size))], axis=1)
+    mb = np.median(b[rng.integers(0, b.size, (draws, b.size))], axis=1)
+    lo, hi = np.percentile(ma / mb, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)

@@ -1,0 +1,24 @@
+"""Summaries shared by the benchmarks: the bootstrap interval of a ratio of medians."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.bench.stats import median_ratio_interval
+
+
+def test_the_interval_holds_the_ratio_and_narrows_with_more_rounds():
+    rng = np.random.default_rng(3)
+    few = median_ratio_interval(rng.normal(95, 8, 5), rng.normal(100, 8, 5))
+    many = median_ratio_interval(rng.normal(95, 8, 200), rng.normal(100, 8, 200))
+    assert few is not None and many is not None
+    assert few[0] < 0.95 < few[1] and many[0] < 0.95 < many[1]
+    assert many[1] - many[0] < (few[1] - few[0]) / 3
+
+
+def test_same_rounds_same_interval_and_too_few_rounds_none():
+    a, b = [98.0, 99.0, 80.0], [100.0, 90.0, 110.0]
+    assert median_ratio_interval(a, b) == median_ratio_interval(a, b)
+    assert median_ratio_interval([1.0], [1.0, 2.0]) is None
+    assert median_ratio_interval([1.0, 2.0], [0.0, 1.0]) is None
+    assert median_ratio_interval([5.0, 5.0], [5.0, 5.0]) == (1.0, 1.0)

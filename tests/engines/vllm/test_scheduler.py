@@ -25,7 +25,7 @@ vllm = pytest.importorskip("vllm")
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
-from kvtier.engines.vllm.scheduler import SchedulerSide  # noqa: E402
+from kvtier.engines.vllm.scheduler import PRELOAD_AFTER_S, SchedulerSide  # noqa: E402
 
 GEOMETRY = EngineGeometry(
     layers=2, kv_heads=1, head_dim=8, block_size=16, dtype="bfloat16", itemsize=2, layout="t"
@@ -252,3 +252,30 @@ def test_chunks_no_earlier_prompt_held_are_stored_only_while_prompts_repeat(dirs
     else:
         assert stored == [0] * window and (after, again, reopened) == (0, 5, 0)
         assert unadmitted == 8 * window + 8 + 3 + 8
+
+
+def test_a_request_vllm_schedules_at_once_is_not_looked_up_again_by_the_preloader(dirs):
+    """The preloader waits PRELOAD_AFTER_S before it looks a queued request up: one vLLM asks
+    about first (the usual case with room in its pool) is looked up once, not twice."""
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY)
+    threads: list[str] = []
+    lookup = side.cache.lookup
+
+    def counted(keys):
+        threads.append(threading.current_thread().name)
+        return lookup(keys)
+
+    side.cache.lookup = counted
+    try:
+        req = _request(list(range(5000, 5000 + 3 * CHUNK + 5)))
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+        time.sleep(4 * PRELOAD_AFTER_S)
+        late = _request(list(range(6000, 6000 + 3 * CHUNK + 5)), "r2")
+        side.on_new_request(late)  # vLLM leaves this one queued: the preloader looks it up
+        deadline = time.monotonic() + 10
+        while side._reqs["r2"].preload != "done" and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        side.close()
+    assert threads.count("kvtier-preload") == 1 and len(threads) == 2

@@ -9,9 +9,9 @@ computes, the chunks the step completes that are worth storing (``admit``: by de
 chunk while recent prompts repeat chunks of earlier ones, else only the repeated ones, so a
 workload without reuse pays almost nothing for the cache). It never moves KV itself, except
 preloading: from the moment a request is queued, its chunks on slower tiers are copied up into
-the first tier (in arrival order, within ``preload_bytes`` in flight), and a request whose KV is
-being moved when its turn comes is held back (up to ``preload_wait_s``) while vLLM schedules
-others.
+the first tier (in arrival order, within ``preload_bytes`` in flight, once it has waited
+``PRELOAD_AFTER_S``), and a request whose KV is being moved when its turn comes is held back
+(up to ``preload_wait_s``) while vLLM schedules others.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ log = logging.getLogger("kvtier.vllm")
 
 #: Seconds a chunk whose load failed is not offered again (a writer may replace it meanwhile).
 BAD_KEY_S = 60.0
+#: Seconds a request waits in vLLM's queue before its preload looks it up: one vLLM schedules at
+#: once (the usual case with room in its pool) is looked up once, by vLLM's own call, not twice.
+PRELOAD_AFTER_S = 0.05
 
 
 def prompt_hash(token_ids) -> str:
@@ -437,10 +440,16 @@ class SchedulerSide:
                     self._preload_wake.wait()
                 if self._closed:
                     return
-                req_id = self._preload_queue.popleft()
+                req_id = self._preload_queue[0]
                 st = self._reqs.get(req_id)
                 if st is None or st.preload != "queued":
+                    self._preload_queue.popleft()
                     continue
+                early = st.arrived + PRELOAD_AFTER_S - time.monotonic()
+                if early > 0:  # vLLM may schedule it meanwhile (it then leaves the queue)
+                    self._preload_wake.wait(early)
+                    continue
+                self._preload_queue.popleft()
                 st.preload = "looking"
             try:
                 self._preload_one(st)

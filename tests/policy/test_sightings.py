@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.policy.sightings import Sightings
+from kvtier.policy.sightings import Sightings, StoreAdmission
 
 
 def _keys(prefix: str, n: int) -> list[bytes]:
@@ -52,3 +52,20 @@ def test_bad_bounds_are_refused():
         Sightings(window=0)
     with pytest.raises(ValueError):
         Sightings(memory=0)
+
+
+def test_store_admission_by_mode():
+    chunks = range(0, 4)
+    for mode in ("always", "repeat", "auto"):
+        book = StoreAdmission(mode, Sightings(window=1))
+        assert book.books == (mode != "always")
+        repeats = book.sight(_keys("a", 4))
+        assert repeats == ([] if mode == "always" else [False] * 4)
+        # one prompt sighted, none repeated: the window of one is full and holds no repeat
+        assert list(book.admitted(chunks, repeats)) == ([0, 1, 2, 3] if mode == "always" else [])
+        again = book.sight(_keys("a", 2) + _keys("b", 2))
+        expect = {"always": [0, 1, 2, 3], "repeat": [0, 1], "auto": [0, 1, 2, 3]}[mode]
+        assert list(book.admitted(chunks, again)) == expect
+        assert list(book.admitted(chunks, None)) == ([] if mode == "repeat" else expect)
+    with pytest.raises(ValueError, match="admit"):
+        StoreAdmission("often")

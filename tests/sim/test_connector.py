@@ -60,7 +60,7 @@ def test_prompts_that_repeat_nothing_stop_being_stored_and_a_repeat_is_stored():
     first = shared_prefix(50.0, 8 * BLOCK, 8, "f")  # the same prefix, seen first
     sim = Simulator(cfg, [*one_shot, first, repeat])
     conn = sim.replicas[0].connector
-    assert conn.sightings.window == window
+    assert conn.admission.sightings.window == window
     sim.run()
     # the prompts before the window filled were stored (4 chunks each); the one that filled it,
     # the four after it and the prefix's first sight were not; its repeat found the prefix in

@@ -62,4 +62,35 @@ class Sightings:
         return len(self._recent) < self.window or self._repeats > 0
 
 
-__all__ = ["ADMIT_MODES", "Sightings"]
+class StoreAdmission:
+    """Which computed chunks a store side stores, by ``mode`` (one of :data:`ADMIT_MODES`):
+    ``always`` every one; ``repeat`` those an earlier prompt held; ``auto`` every one while
+    :attr:`Sightings.repeating`, else as ``repeat``. The vLLM connector and the simulator's share
+    this, so both decide alike."""
+
+    def __init__(self, mode: str = "auto", sightings: Sightings | None = None):
+        if mode not in ADMIT_MODES:
+            raise ValueError(f"admit must be one of {ADMIT_MODES}, got {mode!r}")
+        self.mode = mode
+        self.sightings = sightings or Sightings()
+
+    @property
+    def books(self) -> bool:
+        """Whether prompts need sighting (``always`` keeps no book)."""
+        return self.mode != "always"
+
+    def sight(self, keys: Sequence[bytes]) -> list[bool]:
+        """Book one prompt's chunk keys; per key, whether an earlier prompt held it (nothing
+        is booked, and nothing returned, under ``always``)."""
+        return self.sightings.sight(keys) if self.books else []
+
+    def admitted(self, chunks: range, repeats: Sequence[bool] | None) -> Sequence[int]:
+        """The chunks of ``chunks`` to store, given their prompt's :meth:`sight` (None: never
+        sighted, so none repeats)."""
+        if self.mode == "always" or (self.mode == "auto" and self.sightings.repeating):
+            return chunks
+        repeats = repeats or ()
+        return [c for c in chunks if c < len(repeats) and repeats[c]]
+
+
+__all__ = ["ADMIT_MODES", "Sightings", "StoreAdmission"]

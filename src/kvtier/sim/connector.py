@@ -6,10 +6,10 @@ chunks are looked up in the tiers (fast→slow) from the first chunk the engine'
 not hold; the real :class:`~kvtier.policy.decision.LoadOrRecompute` chooses how many to load,
 given each tier's queued transfers; chunks all in the first tier load inside the step, others
 while the engine runs other requests. Every chunk a step completes that ``admit`` keeps (the
-connector's :class:`~kvtier.policy.sightings.Sightings` over each request's prompt) is offered
-to every tier (each tier's admission and eviction decide), and a chunk read from a slower tier
-is promoted into the faster ones. A queued request's chunks on slower tiers are copied into the
-first tier ahead of its turn.
+connector's :class:`~kvtier.policy.sightings.StoreAdmission` over each request's prompt) is
+offered to every tier (each tier's admission and eviction decide), and a chunk read from a
+slower tier is promoted into the faster ones. A queued request's chunks on slower tiers are
+copied into the first tier ahead of its turn.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.policy.decision import LoadOrRecompute
-from kvtier.policy.sightings import Sightings
+from kvtier.policy.sightings import StoreAdmission
 from kvtier.sim.config import EngineSpec, KvtierSpec
 from kvtier.sim.links import LinkQueue
 from kvtier.sim.request import SimRequest
@@ -79,7 +79,7 @@ class Connector:
         self.stored_chunks = 0
         self.unadmitted_chunks = 0
         self.promoted_chunks = 0
-        self.sightings = Sightings()
+        self.admission = StoreAdmission(spec.admit)
 
     # --- lookups and loads -------------------------------------------------------------------
     def chunk_key(self, r: SimRequest, c: int) -> bytes:
@@ -149,13 +149,9 @@ class Connector:
         if not self.spec.store:
             return
         done = r.computed // self.chunk
-        spec = self.spec
-        every = spec.admit == "always" or (spec.admit == "auto" and self.sightings.repeating)
-        repeats = r.repeats or []
-        for c in range(r.stored_chunks, done):
-            if not every and not (c < len(repeats) and repeats[c]):
-                self.unadmitted_chunks += 1
-                continue
+        chosen = self.admission.admitted(range(r.stored_chunks, done), r.repeats)
+        self.unadmitted_chunks += max(0, done - r.stored_chunks) - len(chosen)
+        for c in chosen:
             key = self.chunk_key(r, c)
             value = self.timer.step_seconds(((self.chunk, c * self.chunk),), ())
             host = self.host_out
@@ -169,9 +165,9 @@ class Connector:
     def on_new_request(self, r: SimRequest, now: float, wake: Callable[[float], None]) -> None:
         """``r`` was queued: book its prompt's chunks; copy those on slower tiers into the
         first tier."""
-        if self.spec.admit != "always" and r.repeats is None:
+        if self.admission.books and r.repeats is None:
             prompt = [self.chunk_key(r, c) for c in range(r.num_tokens // self.chunk)]
-            r.repeats = self.sightings.sight(prompt)
+            r.repeats = self.admission.sight(prompt)
         if not self.spec.preload or len(self.tiers) < 2:
             return
         first = self.tiers[0]

@@ -221,7 +221,7 @@ def test_chunks_no_earlier_prompt_held_are_stored_only_while_prompts_repeat(dirs
     always stores everything. Nothing is looked up or stored in the tiers here (preload off)."""
     config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False, admit=admit)
     side = SchedulerSide(config, NS, GEOMETRY)
-    window = side._sightings.window
+    window = side._admission.sightings.window
     rng = np.random.default_rng(7)
 
     def fresh(chunks: int) -> list[int]:

@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,7 @@ from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import ChunkKeyer, Namespace
-from kvtier.policy.sightings import Sightings
+from kvtier.policy.sightings import StoreAdmission
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -100,7 +99,7 @@ class SchedulerSide:
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
         self.counters = ConnectorCounters(self.cache.metrics)
-        self._sightings = Sightings()
+        self._admission = StoreAdmission(config.admit)
         self._reqs: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
         self._inflight: dict[str, _Request] = {}
@@ -160,8 +159,8 @@ class SchedulerSide:
         """Tokens kvtier will load beyond vLLM's ``num_computed_tokens`` (asynchronously)."""
         with self._lock:
             st = self._state(request)
-            if st.repeats is None and self.config.admit != "always":
-                st.repeats = self._sightings.sight(self._keys(st, request.num_tokens))
+            if st.repeats is None and self._admission.books:
+                st.repeats = self._admission.sight(self._keys(st, request.num_tokens))
             st.local_tokens = num_computed_tokens
             held = time.monotonic() - st.arrived < self.config.preload_wait_s
             if st.preload == "moving" and held:
@@ -298,10 +297,8 @@ class SchedulerSide:
             return  # the blocks are not all known here (should not happen): store nothing
         keys = self._keys(st, full * self.chunk)
         bpc = self.blocks_per_chunk
-        chosen: Sequence[int] = range(st.stored, full)
-        if not self._admits_all():
-            repeats = st.repeats or []
-            chosen = [c for c in chosen if c < len(repeats) and repeats[c]]
+        chosen = self._admission.admitted(range(st.stored, full), st.repeats)
+        if len(chosen) < full - st.stored:
             self.counters.add("unadmitted_chunks", full - st.stored - len(chosen))
         st.stored = full
         if not chosen:
@@ -315,11 +312,6 @@ class SchedulerSide:
                 tuple(tuple(st.block_ids[c * bpc : (c + 1) * bpc]) for c in chosen),
             )
         )
-
-    def _admits_all(self) -> bool:
-        """Whether every new chunk is stored now (else only those an earlier prompt held)."""
-        admit = self.config.admit
-        return admit == "always" or (admit == "auto" and self._sightings.repeating)
 
     def update_connector_output(self, connector_output) -> None:
         """Loads the worker finished: count and record them; measurements feed the cost model."""

@@ -48,6 +48,10 @@ def test_bad_options_are_one_line_errors(monkeypatch, capsys, tmp_path):
         monkeypatch, capsys, "bench", "storage", "--tier", "memory://?size=1MiB"
     )
     assert code == 2 and "size=" in err and out == ""
+    # a tier with no codec has nothing to compare with its raw twin: refused before any I/O
+    code, out, err = kvtier(monkeypatch, capsys, *tiny(tmp_path), "--reference", "raw")
+    assert code == 2 and "no codec" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_help_lists_storage(monkeypatch, capsys):

@@ -221,11 +221,43 @@ def test_disk_passes_take_turns_with_fio_slice_by_slice(tmp_path, scheme):
     assert list(tmp_path.iterdir()) == []  # every slice's fio files are gone
 
 
+def test_native_requests_hold_the_blocks_the_row_reports(tmp_path):
+    cfg = tiny_config(tmp_path, tiers=(f"slab://{tmp_path}?size=16MiB",), fio=False)
+    cfg = StorageBenchConfig(**{**cfg.__dict__, "lookup": False, "depths": (1,), "batch": 3})
+    rep = StorageBench(cfg).run()
+    for m in rep.measurements:  # 8 blocks in requests of 3: two whole requests, not 3 of 2-3
+        assert m.request_blocks == 3 and m.result.requests == 2
+        assert m.result.bytes == 6 * BLOCK
+
+
+def test_a_coded_tier_takes_turns_with_its_raw_twin(tmp_path):
+    url = f"slab://{tmp_path}?size=16MiB&codec=kv"
+    cfg = tiny_config(tmp_path, tiers=(url,), reference="raw", repeats=2)
+    cfg = StorageBenchConfig(**{**cfg.__dict__, "lookup": False, "depths": (1, 2), "slices": 2})
+    bench = StorageBench(cfg)
+    rep = bench.run()
+    assert len(rep.measurements) == 4
+    for m in rep.measurements:
+        ref = m.reference
+        assert ref is not None and ref.kind == "raw" and "codec=raw" in ref.detail
+        assert ref.result.bytes == m.result.bytes == BLOCKS * BLOCK  # the same blocks
+        assert len(ref.samples_gbps) == 2 and m.ratio is not None
+        assert m.target == 0.95 and m.verdict in ("PASS", "MISS")  # random bytes: ≥ 0.95
+    assert any("codec=raw" in note for note in rep.notes)
+    assert rep.as_dict()["config"]["reference"] == "raw"
+    assert list(tmp_path.iterdir()) == []  # both namespaces' folders are gone
+    with pytest.raises(ConfigError, match="no codec"):
+        tiny_config(tmp_path, tiers=(f"slab://{tmp_path}?size=16MiB&codec=raw",), reference="raw")
+    with pytest.raises(ConfigError, match="reference"):
+        tiny_config(tmp_path, reference="zstd")
+
+
 def test_slices_cover_the_pass_in_whole_rounds():
     bench = StorageBench(StorageBenchConfig(tiers=("memory://?size=16MiB",), slices=8))
-    assert bench._slices(100, 10) == [(0, 12), (12, 25), (25, 38), (38, 50), (50, 62),
-                                      (62, 75), (75, 88), (88, 100)]  # fmt: skip
+    assert bench._slices(100, 10) == [(0, 10), (10, 20), (20, 30), (30, 50), (50, 60),
+                                      (60, 70), (70, 80), (80, 100)]  # fmt: skip
     assert bench._slices(30, 10) == [(0, 10), (10, 20), (20, 30)]  # at least a round each
+    assert bench._slices(92, 45) == [(0, 45), (45, 92)]  # cut at whole rounds only
     assert bench._slices(5, 10) == [(0, 5)]
     with pytest.raises(ConfigError, match="slices"):
         StorageBenchConfig(tiers=("memory://?size=16MiB",), slices=0)
@@ -290,6 +322,11 @@ def test_targets_cover_both_disk_layouts_from_256_kib():
         assert target_for(scheme, "read", 128 * 1024) is None
     assert target_for("memory", "read", 256 * 1024) == 0.8
     assert target_for("memory", "write", 256 * 1024) is None
+    # against the tier's raw twin: what the codec must buy on KV, and may cost on random bytes
+    assert target_for("slab", "read", 1 << 20, "raw", "kv") == 1.25
+    assert target_for("slab", "write", 1 << 20, "raw", "kv") is None
+    assert target_for("memory", "write", 1 << 20, "raw", "random") == 0.95
+    assert target_for("slab", "read", 128 * 1024, "raw", "kv") is None
 
 
 def test_kv_payloads_are_the_embedded_models_blocks_only():

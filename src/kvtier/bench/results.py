@@ -28,16 +28,35 @@ TARGETS = {
 }
 
 
-def target_for(scheme: str, op: str, block_bytes: int) -> float | None:
-    """The target ratio kvtier ÷ reference for a (tier medium, op), for blocks ≥ 256 KiB."""
+#: Targets of a coded tier against its own twin with ``codec=raw`` (``--reference raw``), by
+#: (payload, op): on real KV a read must deliver more raw bytes a second than the twin's, and on
+#: bytes the codec cannot shrink (random) reads and writes may cost it little.
+CODEC_TARGETS = {
+    ("kv", "read"): 1.25,
+    ("random", "read"): 0.95,
+    ("random", "write"): 0.95,
+}
+#: The reference kinds a row may have: fio, a plain copy, a shared tier's stock client, or the
+#: same tier with ``codec=raw``.
+RAW_TWIN = "raw"
+
+
+def target_for(
+    scheme: str, op: str, block_bytes: int, reference: str = "", payload: str = "random"
+) -> float | None:
+    """The target ratio kvtier ÷ reference for a (tier medium, op), for blocks ≥ 256 KiB;
+    against the tier's raw twin (``reference`` ``raw``), the codec's target for the payload."""
     if block_bytes < TARGET_MIN_BLOCK:
         return None
+    if reference == RAW_TWIN:
+        return CODEC_TARGETS.get((payload, op))
     return TARGETS.get((scheme, op))
 
 
 @dataclass(frozen=True)
 class Reference:
-    """The reference pass a kvtier pass is compared with: ``fio``, ``copy`` or ``client``."""
+    """The reference pass a kvtier pass is compared with: ``fio``, ``copy``, ``client`` or
+    ``raw`` (the same tier with ``codec=raw``)."""
 
     kind: str
     result: PassResult
@@ -78,11 +97,13 @@ class Measurement:
     reference: Reference | None = None
     samples_gbps: tuple[float, ...] = ()
     slices: int = 1
+    payload: str = "random"
 
     @property
     def target(self) -> float | None:
         """The issue's target ratio for this row, if any."""
-        return target_for(self.scheme, self.op, self.block_bytes)
+        kind = self.reference.kind if self.reference is not None else ""
+        return target_for(self.scheme, self.op, self.block_bytes, kind, self.payload)
 
     @property
     def tokens_per_s(self) -> float:

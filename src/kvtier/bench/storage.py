@@ -39,6 +39,7 @@ from kvtier.bench.env import BenchEnvironment, drop_caches
 from kvtier.bench.fio import FioError, FioJob, fio_binary, fio_version, run_fio
 from kvtier.bench.reference import CopyReference, WorkerBuffers, aligned_empty
 from kvtier.bench.results import (
+    RAW_TWIN,
     TARGET_MIN_BLOCK,
     Measurement,
     Reference,
@@ -62,6 +63,11 @@ MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs")
 PAYLOADS = 8  # distinct payloads per pass
 #: What the blocks hold: random bytes, or real KV chunks of the embedded model (the codec corpus).
 PAYLOAD_KINDS = ("random", "kv")
+#: What each tier is compared with: ``auto`` (fio for disk tiers, a plain copy for memory, the
+#: stock client for shared tiers) or ``raw`` (the same tier with ``codec=raw``: its twin, in the
+#: same place under a namespace of its own, taking turns with it slice by slice).
+REFERENCE_KINDS = ("auto", RAW_TWIN)
+TWIN_DETAIL = "the same tier with codec=raw, same blocks, taking turns slice by slice"
 KV_PAYLOAD_MODEL = "smollm2-135m"
 NATIVE_REQUEST_BYTES = 256 * MiB
 NATIVE_REQUEST_TOKENS = 32768
@@ -125,6 +131,7 @@ class StorageBenchConfig:
     lookup_chunks: int = 512
     lookup_repeats: int = 200
     payload: str = "random"
+    reference: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -158,6 +165,17 @@ class StorageBenchConfig:
             raise ConfigError(f"slices must be at least 1, got {self.slices}")
         if self.lookup_chunks <= 0 or self.lookup_repeats <= 0:
             raise ConfigError("lookup chunks and repeats must be positive")
+        if self.reference not in REFERENCE_KINDS:
+            raise ConfigError(
+                f"reference must be one of {', '.join(REFERENCE_KINDS)}, got {self.reference!r}"
+            )
+        if self.reference == RAW_TWIN:
+            for url in self.tiers:
+                if url_codec(url) == "raw":
+                    raise ConfigError(
+                        f"--reference raw compares a tier's codec with none, but {url} has "
+                        "no codec (give it codec=kv or codec=zstd)"
+                    )
 
     @property
     def spec(self) -> ModelSpec:
@@ -208,6 +226,7 @@ class StorageBenchConfig:
             "fio": self.fio,
             "lookup_chunks": self.lookup_chunks if self.lookup else 0,
             "payload": self.payload,
+            "reference": self.reference,
         }
 
 
@@ -217,6 +236,18 @@ class StorageBenchConfig:
 def disk_io_profile(tier: Tier) -> IOProfile | None:
     """The I/O profile a file tier declares (None for other media): fio does the same."""
     return tier.io_profile
+
+
+def url_codec(url: str) -> str:
+    """The codec a tier URL stores blocks with (its ``codec=`` option or the tier's default)."""
+    from kvtier.codec import get_codec
+    from kvtier.tiers.registry import options_class
+    from kvtier.tiers.url import parse_options
+
+    parsed = TierURL.parse(url)
+    options = options_class(parsed.scheme)
+    codec = getattr(parse_options(options, parsed), "codec", "raw") if options else "raw"
+    return get_codec(codec).name
 
 
 def native_depth(tier: Tier) -> int | None:
@@ -253,6 +284,7 @@ class _TierRun:
     profile: IOProfile | None
     pool: list[np.ndarray] = field(default_factory=list)
     copy_ref: CopyReference | ClientReference | None = None
+    twin: _TierRun | None = None  # the same tier with codec=raw (``--reference raw``)
 
 
 def _median_reference(refs: Sequence[Reference]) -> Reference | None:
@@ -271,6 +303,8 @@ class StorageBench:
         self.config = config
         self.on_step = on_step or (lambda _label: None)
         self.namespace = Namespace.for_model(config.spec, "kvtier-bench")
+        # the raw twins' blocks live apart from the tiers' own, in the same places
+        self.twin_namespace = Namespace.for_model(config.spec, "kvtier-bench-raw-twin")
         self.fio = fio_binary() if config.fio else None
         self._nonce = os.urandom(8)
         self._kv: list[np.ndarray] | None = None
@@ -309,7 +343,8 @@ class StorageBench:
         for url in self.config.tiers:
             parsed = TierURL.parse(url)
             if parsed.scheme in DIRECTORY_SCHEMES and parsed.path:
-                shutil.rmtree(Path(parsed.path) / self.namespace.id.hex(), ignore_errors=True)
+                for ns in (self.namespace, self.twin_namespace):
+                    shutil.rmtree(Path(parsed.path) / ns.id.hex(), ignore_errors=True)
 
     # --- one tier ---------------------------------------------------------------------------
     def _bench_url(self, url: str, report: StorageReport) -> list[Measurement]:
@@ -328,12 +363,21 @@ class StorageBench:
         try:
             self._check_capacity(url, tier, items, block, run.profile)
             run.pool = self._payload_pool(items)
+            if cfg.reference == RAW_TWIN:
+                twin_url = with_option(url, "codec", "raw")
+                twin = open_tier(twin_url, self.twin_namespace.id)
+                run.twin = _TierRun(twin_url, twin, native, disk_io_profile(twin), run.pool)
+                self._check_capacity(twin_url, twin, items, block, run.twin.profile)
             # warm-up: map the tier's memory / create its files once, untimed
             warm = self._keys(url, 0, items)
-            with _tier_errors(tier.name, "warm-up", max(cfg.depths)):
-                self._write(tier, warm, PassPlan(items, block, max(cfg.depths), 1), run.pool)
-                tier.delete_many(warm)
-            if tier.scheme == "memory":
+            for each in (run, run.twin) if run.twin else (run,):
+                with _tier_errors(each.tier.name, "warm-up", max(cfg.depths)):
+                    plan = PassPlan(items, block, max(cfg.depths), 1)
+                    self._write(each.tier, warm, plan, run.pool)
+                    each.tier.delete_many(warm)
+            if run.twin is not None:
+                report.notes.append(f"{tier.name}: compared with {run.twin.url} ({TWIN_DETAIL})")
+            elif tier.scheme == "memory":
                 run.copy_ref = CopyReference(items, block)
             else:
                 run.copy_ref = client_reference(tier, items, block)
@@ -342,11 +386,18 @@ class StorageBench:
                 if native:
                     run.tier.close()
                     run.tier = open_tier(with_option(url, "depth", str(depth)), self.namespace.id)
+                    if run.twin is not None:
+                        run.twin.tier.close()
+                        run.twin.tier = open_tier(
+                            with_option(run.twin.url, "depth", str(depth)), self.twin_namespace.id
+                        )
                 rows += self._measure_depth(run, depth, report)
         finally:
             if run.copy_ref is not None:
                 run.copy_ref.close()
             run.tier.close()
+            if run.twin is not None:
+                run.twin.tier.close()
         return rows
 
     def _measure_depth(self, run: _TierRun, depth: int, report: StorageReport) -> list[Measurement]:
@@ -360,9 +411,16 @@ class StorageBench:
         else:
             request = min(items, cfg.batch or 1)
             unit, threads = request * depth, depth
+        if run.native:  # whole requests: a pass that does not divide into them would cut
+            items = max(unit, items // unit * unit)  # each one short of the size reported
         slices = self._slices(items, unit if run.copy_ref is None else items)
         fio_jobs: list[FioJob] = []
-        if run.copy_ref is None and run.profile is not None and self.fio is not None:
+        if (
+            run.copy_ref is None
+            and run.twin is None
+            and run.profile is not None
+            and self.fio is not None
+        ):
             engine = run.profile.ioengine if run.native else "psync"
             fio_jobs = self._fio_layout(run.profile, engine, depth, slices, report)
         # one slice reads for at least min_read_seconds; slices read their share once
@@ -390,12 +448,18 @@ class StorageBench:
                             if side == "kvtier":
                                 ours[op].append(self._tier_pass(run, op, keys[a:b], plan))
                                 continue
+                            if run.twin is not None:
+                                twin = self._tier_pass(run.twin, op, keys[a:b], plan)
+                                theirs[op].append(Reference(RAW_TWIN, twin, TWIN_DETAIL))
+                                continue
                             ref = self._reference_pass(run, op, plan, fio_jobs, k, ours, report)
                             if ref is not None:
                                 theirs[op].append(ref)
                     self.on_step(f"{label}: {op}s")
                 with _tier_errors(tier.name, "clean-up", depth):
                     tier.delete_many(keys)
+                    if run.twin is not None:
+                        run.twin.tier.delete_many(keys)
                     if isinstance(run.copy_ref, ClientReference):
                         run.copy_ref.forget()
                 for op in ("write", "read"):
@@ -426,15 +490,19 @@ class StorageBench:
                 reference=_median_reference(ref_runs[op]),
                 samples_gbps=tuple(x.gbps for x in runs[op]),
                 slices=len(slices),
+                payload=cfg.payload,
             )
             for op in ("write", "read")
         ]
 
     def _slices(self, items: int, unit: int) -> list[tuple[int, int]]:
-        """``[start, end)`` ranges cutting a pass into up to ``config.slices`` parts of at
-        least ``unit`` items (one full round of requests at the depth)."""
-        count = max(1, min(self.config.slices, items // max(1, unit)))
-        bounds = [round(k * items / count) for k in range(count + 1)]
+        """``[start, end)`` ranges cutting a pass into up to ``config.slices`` parts of whole
+        ``unit`` items (one full round of requests at the depth); the last part takes what
+        is left over."""
+        unit = max(1, unit)
+        units = max(1, items // unit)
+        count = min(self.config.slices, units)
+        bounds = [k * units // count * unit for k in range(count)] + [items]
         return list(itertools.pairwise(bounds))
 
     def _tier_pass(self, run: _TierRun, op: str, keys: Sequence[bytes], plan: PassPlan):

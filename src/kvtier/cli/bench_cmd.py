@@ -97,6 +97,14 @@ def storage(
             "codec= tier compresses)."
         ),
     ] = "random",
+    reference: Annotated[
+        str,
+        typer.Option(
+            help="auto: fio for disk tiers, memcpy for memory, the stock client for shared "
+            "tiers; raw: the same tier with codec=raw, taking turns with it slice by slice "
+            "(what the tier's codec buys or costs)."
+        ),
+    ] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG bar chart here.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
@@ -132,6 +140,7 @@ def storage(
         lookup=lookup,
         lookup_chunks=lookup_chunks,
         payload=payload,
+        reference=reference,
     )
     for url in config.tiers:  # before any tier is opened or data made
         check_tier_url(url)

@@ -48,10 +48,11 @@ _O_DSYNC = getattr(os, "O_DSYNC", 0)
 NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 #: Seconds between checks of the filesystem's free space while the limit is lowered.
 SPACE_CHECK_S = 1.0
-#: Reads of coded blocks a batch keeps in flight beyond its decode threads. Reads in flight
-#: share the disk, so the more there are, the later the first of them finishes while the
-#: decoders wait; a couple ahead keep the decoders fed once the disk streams.
-READS_AHEAD = 2
+#: Reads of coded blocks a batch keeps in flight beyond its decode threads: none, so one read
+#: per decoder. Reads in flight share the disk, so the more there are, the later each of them
+#: finishes while the decoders wait; the I/O loop queues the next read the moment one
+#: finishes, so the disk still streams.
+READS_AHEAD = 0
 
 Plan = Callable[[int], tuple[Any, IOOp] | None]
 Finish = Callable[[Any, int], Any]

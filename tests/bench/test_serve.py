@@ -374,6 +374,33 @@ def test_ratios_against_vllm_alone():
     assert lo < 0.98 < hi and f"90 % interval {lo:.2f}-{hi:.2f}" in rnd.detail
 
 
+def test_a_disk_target_below_the_fastest_first_token_of_the_run_says_so():
+    from dataclasses import replace
+
+    r = _report()
+    r.runs = [  # every request at concurrency 1 took at least 1.8 s
+        replace(run, client=replace(run.client, ttfts_s=(1.8 if run.concurrency == 1 else 0.5,)))
+        if run.dataset == "prefix_repetition"
+        else run
+        for run in r.runs
+    ]
+    assert r.fastest_ttft_ms(1) == pytest.approx(1800.0) and r.fastest_ttft_ms(8) is None
+    by_name = {t.name: t for t in r.targets()}
+    d1 = by_name["kvtier-disk / ExampleConnector TTFT p50, concurrency 1"]
+    d4 = by_name["kvtier-disk / ExampleConnector TTFT p50, concurrency 4"]
+    # half of the example's 6500 ms is 3250 ms: above 1.8 s, so nothing to add
+    assert "fastest" not in d1.detail and "fastest" not in d4.detail
+    r.runs = [
+        replace(run, client=replace(run.client, ttfts_s=(3.5,)))
+        if run.concurrency == 1 and run.dataset == "prefix_repetition"
+        else run
+        for run in r.runs
+    ]
+    d1 = {t.name: t for t in r.targets()}[d1.name]
+    assert "0.5× example is 3250 ms, below the fastest first token" in d1.detail
+    assert "(3500 ms)" in d1.detail and d1.passed  # the verdict is still the measured one
+
+
 def test_missing_figures_are_not_measured():
     r = _report(ServeBenchConfig(systems=("vllm", "kvtier"), random=None))
     r.runs = [x for x in r.runs if not (x.system == "vllm" and x.concurrency == 4)]

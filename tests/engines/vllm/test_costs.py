@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvtier.engines.vllm.costs import EXPLORE_EVERY, MIN_LOADS, OnlineCosts
+import kvtier.engines.vllm.costs as costs_mod
+from kvtier.engines.vllm.costs import EXPLORE_EVERY, MIN_LOADS, REFIT_S, OnlineCosts
 
 CHUNK = 256
 CHUNK_BYTES = 6 << 20
@@ -44,6 +45,8 @@ def test_chunks_vllm_already_holds_are_never_given_up_and_queued_loads_count():
 
 def test_measurements_are_reported():
     costs = _measured(1e9)
+    assert costs.prefill_samples == 5 and not costs.as_dict()["prefill_fitted"]
+    assert costs.measured  # a decision (or this) fits the curve
     info = costs.as_dict()
     assert info["prefill_fitted"] and info["prefill_samples"] == 5
     assert abs(info["tier_bytes_per_s"]["disk"] - 1e9) < 1e3
@@ -68,3 +71,27 @@ def test_a_tier_passed_over_for_long_is_loaded_again_to_measure_it():
     assert all(a is not None and a.action == "recompute" for a in actions[:EXPLORE_EVERY])
     assert actions[EXPLORE_EVERY] is None  # the explore round loads every hit
     assert slow.decide(2000, 0, ["disk"] * 7)[1].action == "recompute"
+
+
+def test_samples_cost_no_fit_until_a_decision_and_refits_are_spaced(monkeypatch):
+    fits = []
+    real = costs_mod.robust_prefill_fit
+    monkeypatch.setattr(costs_mod, "robust_prefill_fit", lambda s: fits.append(len(s)) or real(s))
+    now = [100.0]
+    costs = OnlineCosts(("host",), CHUNK, CHUNK_BYTES, clock=lambda: now[0])
+    for new in (256, 512, 1024, 2048, 4096) * 20:  # the step loop's samples: no fit
+        costs.observe_prefill(new, 0, new * 1e-3)
+    assert fits == [] and costs.prefill_samples == 100
+    for _ in range(MIN_LOADS):
+        costs.observe_load("host", CHUNK_BYTES, CHUNK_BYTES / 10e9, 1)
+    assert costs.decide(2000, 0, ["host"] * 7)[1] is not None and fits == [100]
+    costs.observe_prefill(300, 0, 0.3)
+    costs.decide(2000, 0, ["host"] * 7)
+    assert costs.prefill_seconds(1000) is not None and fits == [100]  # within REFIT_S
+    now[0] += REFIT_S
+    costs.decide(2000, 0, ["host"] * 7)
+    assert fits == [100, 101]  # the new sample is in
+    costs.decide(2000, 0, ["host"] * 7)
+    now[0] += 10 * REFIT_S
+    costs.decide(2000, 0, ["host"] * 7)
+    assert fits == [100, 101]  # nothing new: nothing to refit

@@ -11,13 +11,19 @@ measure the tier. A tier's speed is the median of its recent loads' rates, so on
 cold page cache, a noisy neighbour) does not condemn it; and a tier the decision keeps passing
 over is loaded again once every ``EXPLORE_EVERY`` such decisions, so an estimate that went bad
 is measured again instead of holding for good.
+
+The prefill curve is fitted when a decision asks for it, and refitted at most once every
+``REFIT_S`` as samples arrive: a robust fit drops outliers one at a time and costs up to tens
+of milliseconds on noisy samples, and the samples arrive in vLLM's step loop, where every
+millisecond is the engine's. A workload whose prompts never hit kvtier then never fits at all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvtier.cost.calibration import CalibrationError, PrefillFit
@@ -33,6 +39,8 @@ KEEP = 256
 MIN_LOADS = 3
 #: A tier passed over this many times in a row is loaded once more, to measure it again.
 EXPLORE_EVERY = 16
+#: Seconds between refits of the prefill curve while samples keep arriving.
+REFIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,13 +73,22 @@ class _Compute:
 class OnlineCosts:
     """Prefill and per-tier load measurements, and the decision they support (thread-safe)."""
 
-    def __init__(self, tier_names: Sequence[str], chunk_tokens: int, chunk_bytes: int):
+    def __init__(
+        self,
+        tier_names: Sequence[str],
+        chunk_tokens: int,
+        chunk_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.tier_names = tuple(tier_names)
         self.chunk_tokens = chunk_tokens
         self.chunk_bytes = chunk_bytes
         self._prefills: list[tuple[int, int, float]] = []
         self._loads: dict[str, list[tuple[int, float, int]]] = {n: [] for n in tier_names}
         self._fit: PrefillFit | None = None
+        self._stale = False  # samples arrived since the last fit
+        self._fitted_at = -float("inf")
+        self._clock = clock
         self._paths: dict[str, MeasuredPath] = {}
         self._passed: dict[str, int] = {n: 0 for n in tier_names}
         self._lock = threading.Lock()
@@ -84,9 +101,22 @@ class OnlineCosts:
         with self._lock:
             self._prefills.append((int(new), int(cached), float(seconds)))
             del self._prefills[:-KEEP]
-            if len({n for n, _, _ in self._prefills}) >= MIN_PREFILLS:
-                with contextlib.suppress(CalibrationError):
-                    self._fit = robust_prefill_fit(self._prefills)
+            self._stale = True
+
+    def _current_fit(self) -> PrefillFit | None:
+        """(Lock held.) The prefill curve, refitted first when samples arrived since the last
+        fit and ``REFIT_S`` has passed (or there is no fit yet)."""
+        if not self._stale:
+            return self._fit
+        now = self._clock()
+        if self._fit is not None and now - self._fitted_at < REFIT_S:
+            return self._fit
+        self._stale = False
+        if len({n for n, _, _ in self._prefills}) >= MIN_PREFILLS:
+            with contextlib.suppress(CalibrationError):
+                self._fit = robust_prefill_fit(self._prefills)
+                self._fitted_at = now
+        return self._fit
 
     def observe_load(self, tier: str, nbytes: int, seconds: float, chunks: int) -> None:
         """One load of ``chunks`` chunks (``nbytes``) from ``tier`` that took ``seconds``."""
@@ -105,7 +135,14 @@ class OnlineCosts:
     @property
     def measured(self) -> bool:
         """Whether the prefill curve has been fitted."""
-        return self._fit is not None
+        with self._lock:
+            return self._current_fit() is not None
+
+    @property
+    def prefill_samples(self) -> int:
+        """Prefill samples kept (without fitting anything)."""
+        with self._lock:
+            return len(self._prefills)
 
     def path(self, tier: str) -> MeasuredPath | None:
         """The measured read path of ``tier`` (None before its first load)."""
@@ -113,7 +150,8 @@ class OnlineCosts:
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float | None:
         """Predicted prefill seconds (None before the curve is fitted)."""
-        fit = self._fit
+        with self._lock:
+            fit = self._current_fit()
         return None if fit is None else fit.seconds(new, cached)
 
     def decide(
@@ -130,7 +168,7 @@ class OnlineCosts:
         Returns the chunk count and the decision (None while unmeasured: load every hit).
         """
         with self._lock:
-            fit = self._fit
+            fit = self._current_fit()
             paths: dict[str, object] = dict(self._paths)
             used = set(hit_tiers)
             stale = [t for t in used if self._passed.get(t, 0) >= EXPLORE_EVERY]
@@ -162,7 +200,7 @@ class OnlineCosts:
         return want, decision
 
     def as_dict(self) -> dict:
-        """What has been measured (JSON-ready)."""
+        """What has been measured (JSON-ready; the fit as of the last decision)."""
         with self._lock:
             return {
                 "prefill_samples": len(self._prefills),

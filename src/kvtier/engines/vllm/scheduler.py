@@ -402,7 +402,7 @@ class SchedulerSide:
             "preemptions": int(getattr(req, "num_preemptions", 0) or 0),
             "queued_s": round(max(0.0, st.load_started - st.arrived), 6) if st.load else None,
             "recorded_s": round(time.monotonic() - st.arrived, 6),
-            "cost_samples": self.costs.as_dict()["prefill_samples"],
+            "cost_samples": self.costs.prefill_samples,
         }
         with self._lock:
             self._records.write(json.dumps(line) + "\n")

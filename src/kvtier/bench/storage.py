@@ -276,15 +276,27 @@ def default_tier_urls(directory: Path | None = None, data_size: int = DEFAULT_DA
 
 @dataclass
 class _TierRun:
-    """One tier under test: its URL, the open tier (reopened per depth when native), refs."""
+    """One tier under test: its URL and namespace, the open tier (reopened per depth when
+    native), refs."""
 
     url: str
+    namespace: bytes
     tier: Tier
     native: bool
     profile: IOProfile | None
     pool: list[np.ndarray] = field(default_factory=list)
     copy_ref: CopyReference | ClientReference | None = None
     twin: _TierRun | None = None  # the same tier with codec=raw (``--reference raw``)
+
+    def opened(self) -> tuple[_TierRun, ...]:
+        """This run and its twin (if any): the tiers open for it."""
+        return (self,) if self.twin is None else (self, self.twin)
+
+    def reopen(self, depth: int) -> None:
+        """Reopen every tier of the run at I/O depth ``depth``."""
+        for each in self.opened():
+            each.tier.close()
+            each.tier = open_tier(with_option(each.url, "depth", str(depth)), each.namespace)
 
 
 def _median_reference(refs: Sequence[Reference]) -> Reference | None:
@@ -357,20 +369,20 @@ class StorageBench:
             raise ConfigError(f"tier {url} has no I/O depth of its own; use --drive threads")
         if native and "depth" in TierURL.parse(url).options:
             report.notes.append(f"{tier.name}: the depth= option of {url} is replaced by --depth")
-        run = _TierRun(url, tier, native, disk_io_profile(tier))
+        run = _TierRun(url, self.namespace.id, tier, native, disk_io_profile(tier))
         self._tier_notes(tier, run.profile, report)
         rows: list[Measurement] = []
         try:
             self._check_capacity(url, tier, items, block, run.profile)
             run.pool = self._payload_pool(items)
             if cfg.reference == RAW_TWIN:
-                twin_url = with_option(url, "codec", "raw")
-                twin = open_tier(twin_url, self.twin_namespace.id)
-                run.twin = _TierRun(twin_url, twin, native, disk_io_profile(twin), run.pool)
+                twin_url, ns = with_option(url, "codec", "raw"), self.twin_namespace.id
+                twin = open_tier(twin_url, ns)
+                run.twin = _TierRun(twin_url, ns, twin, native, disk_io_profile(twin), run.pool)
                 self._check_capacity(twin_url, twin, items, block, run.twin.profile)
             # warm-up: map the tier's memory / create its files once, untimed
             warm = self._keys(url, 0, items)
-            for each in (run, run.twin) if run.twin else (run,):
+            for each in run.opened():
                 with _tier_errors(each.tier.name, "warm-up", max(cfg.depths)):
                     plan = PassPlan(items, block, max(cfg.depths), 1)
                     self._write(each.tier, warm, plan, run.pool)
@@ -384,20 +396,13 @@ class StorageBench:
             self.on_step(f"{tier.name}: warm-up")
             for depth in cfg.depths:
                 if native:
-                    run.tier.close()
-                    run.tier = open_tier(with_option(url, "depth", str(depth)), self.namespace.id)
-                    if run.twin is not None:
-                        run.twin.tier.close()
-                        run.twin.tier = open_tier(
-                            with_option(run.twin.url, "depth", str(depth)), self.twin_namespace.id
-                        )
+                    run.reopen(depth)
                 rows += self._measure_depth(run, depth, report)
         finally:
             if run.copy_ref is not None:
                 run.copy_ref.close()
-            run.tier.close()
-            if run.twin is not None:
-                run.twin.tier.close()
+            for each in run.opened():
+                each.tier.close()
         return rows
 
     def _measure_depth(self, run: _TierRun, depth: int, report: StorageReport) -> list[Measurement]:
@@ -408,11 +413,11 @@ class StorageBench:
         if run.native:
             request = min(items, cfg.batch or native_request_blocks(depth, block, cfg.chunk_tokens))
             unit, threads = request, 1
+            # whole requests: a pass that does not divide into them would cut each one short
+            items = max(unit, items // unit * unit)
         else:
             request = min(items, cfg.batch or 1)
             unit, threads = request * depth, depth
-        if run.native:  # whole requests: a pass that does not divide into them would cut
-            items = max(unit, items // unit * unit)  # each one short of the size reported
         slices = self._slices(items, unit if run.copy_ref is None else items)
         fio_jobs: list[FioJob] = []
         if (
@@ -457,9 +462,8 @@ class StorageBench:
                                 theirs[op].append(ref)
                     self.on_step(f"{label}: {op}s")
                 with _tier_errors(tier.name, "clean-up", depth):
-                    tier.delete_many(keys)
-                    if run.twin is not None:
-                        run.twin.tier.delete_many(keys)
+                    for each in run.opened():
+                        each.tier.delete_many(keys)
                     if isinstance(run.copy_ref, ClientReference):
                         run.copy_ref.forget()
                 for op in ("write", "read"):

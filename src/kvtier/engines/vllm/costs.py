@@ -13,9 +13,10 @@ over is loaded again once every ``EXPLORE_EVERY`` such decisions, so an estimate
 is measured again instead of holding for good.
 
 The prefill curve is fitted when a decision asks for it, and refitted at most once every
-``REFIT_S`` as samples arrive: a robust fit drops outliers one at a time and costs up to tens
-of milliseconds on noisy samples, and the samples arrive in vLLM's step loop, where every
-millisecond is the engine's. A workload whose prompts never hit kvtier then never fits at all.
+``REFIT_S`` as samples arrive: a robust fit drops outliers one at a time, which on noisy
+samples costs far more than a step can spare, and the samples arrive in vLLM's step loop,
+where every millisecond is the engine's. A workload whose prompts never hit kvtier then never
+fits at all.
 """
 
 from __future__ import annotations

@@ -99,6 +99,15 @@ def test_random_bytes_are_stored_raw():
         assert stored.nbytes == len(data)
 
 
+@pytest.mark.parametrize("codec", CODED)
+def test_a_block_whose_first_bytes_do_not_shrink_is_declined_without_coding_the_rest(codec):
+    """The probe decides: random first bytes, then bytes that would compress well, is raw."""
+    head = np.random.default_rng(3).integers(0, 256, 1 << 14, dtype=np.uint8).tobytes()
+    data = head + bytes(1 << 20)
+    assert get_codec(codec).encode(memoryview(data), "fp8") is None
+    assert get_codec(codec).encode(memoryview(bytes(len(data))), "fp8") is not None
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.binary(min_size=0, max_size=3000),

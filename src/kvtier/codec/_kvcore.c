@@ -6,7 +6,7 @@
  *                                            Huffman section, codes of MAXBITS or NARROW bits
  * o1_decode(section, out)                    the inverse; ValueError for a bad section
  * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
- * high_entropy(raw, count) -> float         order-0 entropy of the first high bytes
+ * high_entropy(raw, count) -> float         collision entropy of the first high bytes
  *
  * Why C: numpy's strided transposes and zstd's match decoding are where a kv block's decode
  * spent its time; here a block is split and merged in one pass of 16-bit words, and the high
@@ -884,13 +884,14 @@ py_high_entropy(PyObject *self, PyObject *args)
     for (; i < count; i++)
         hist[0][p[2 * i + 1]]++;
     PyBuffer_Release(&raw);
-    double bits = 0, total = (double)count;
+    /* Renyi order 2: -log2 of the chance two symbols are equal. One log instead of one a
+     * symbol, and never above the order-0 (Shannon) entropy, so a block it calls random is. */
+    double pairs = 0, total = (double)count;
     for (int s = 0; s < 256; s++) {
-        uint32_t c = hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
-        if (c)
-            bits -= c / total * log2(c / total);
+        double c = (double)hist[0][s] + hist[1][s] + hist[2][s] + hist[3][s];
+        pairs += c * c;
     }
-    return PyFloat_FromDouble(bits);
+    return PyFloat_FromDouble(-log2(pairs / (total * total)));
 }
 
 static PyMethodDef methods[] = {
@@ -904,8 +905,8 @@ static PyMethodDef methods[] = {
     {"o1_decode", py_o1_decode, METH_VARARGS,
      "o1_decode(section, out): decode a section into out (its size is the symbol count)."},
     {"high_entropy", py_high_entropy, METH_VARARGS,
-     "high_entropy(raw, count) -> float: order-0 entropy (bits a symbol) of the high bytes of "
-     "the first count 16-bit words."},
+     "high_entropy(raw, count) -> float: collision (Renyi order-2) entropy, bits a symbol, of "
+     "the high bytes of the first count 16-bit words: at most their order-0 entropy."},
     {"decode_planes", py_decode_planes, METH_VARARGS,
      "decode_planes(high, coded, low, out, tokens, channels): decode the high section (when "
      "coded) and merge it with the low plane into out."},

@@ -33,7 +33,8 @@ from typing import ClassVar
 import numpy as np
 
 from kvtier.codec.errors import CorruptBlockError
-from kvtier.codec.zstd_frames import gains, zstd_compress, zstd_decompress
+from kvtier.codec.zstd_frames import PROBE_BYTES as BYTES_PROBE
+from kvtier.codec.zstd_frames import gains, shrinks, zstd_compress, zstd_decompress
 
 try:  # the split/merge and order-1 coder in C (src/kvtier/codec/_kvcore.c), built with the package
     from kvtier.codec import _kvcore
@@ -72,13 +73,12 @@ LOW_MIN_GAIN = 1 / 32
 #: ``PROBE_MAX_SHARE`` of its size means the block is not KV-like and is left raw.
 PROBE_BYTES = 64 * 1024
 PROBE_MAX_SHARE = 0.9
-#: High bytes (in token order) whose order-0 entropy mode 2 estimates before it splits a block
+#: High bytes (in token order) whose collision entropy mode 2 estimates before it splits a block
 #: at all: above ``8 * PROBE_MAX_SHARE`` bits a symbol the block is not KV-like (random bytes
-#: come out near 8, KV's sign-and-exponent bytes well below). The estimate bounds the order-1
-#: code from above and costs a small fraction of an order-1 trial.
-QUICK_PROBE = 8 * 1024
-#: Bytes zstd tries first of a block without planes (fp8, u8…), likewise.
-BYTES_PROBE = 4 * 1024
+#: come out near 8, KV's sign-and-exponent bytes well below). The estimate is at most the
+#: order-0 entropy, which bounds the order-1 code from above, and costs a small fraction of an
+#: order-1 trial.
+QUICK_PROBE = 4 * 1024
 LEVEL = 1
 
 
@@ -135,18 +135,13 @@ def merge_planes(high, low, out: np.ndarray, tokens: int, channels: int) -> None
 
 
 def _entropy_bits(raw: memoryview) -> float:
-    """Order-0 entropy (bits a symbol) of the first ``QUICK_PROBE`` high bytes of 16-bit words."""
+    """Collision entropy (bits a symbol) of the first ``QUICK_PROBE`` high bytes of 16-bit
+    words: ``-log2`` of the chance that two of them are equal, at most their order-0 entropy."""
     if _kvcore is not None:
         return _kvcore.high_entropy(raw, QUICK_PROBE)
     sample = np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2]
-    counts = np.bincount(sample, minlength=256)
-    p = counts[counts > 0] / sample.size
-    return float(-(p * np.log2(p)).sum())
-
-
-def _shrinks(sample) -> bool:
-    """Whether zstd shrinks ``sample`` to at most :data:`PROBE_MAX_SHARE` of its size."""
-    return len(zstd_compress(sample, LEVEL)) <= PROBE_MAX_SHARE * len(memoryview(sample))
+    counts = np.bincount(sample, minlength=256).astype(np.float64)
+    return float(-np.log2((counts * counts).sum() / float(sample.size) ** 2))
 
 
 def _code(plane) -> tuple[bytes | memoryview, bool]:
@@ -191,7 +186,7 @@ class PlaneCodec:
         if dtype == OPAQUE_DTYPE:
             return None
         if dtype not in PLANE_DTYPES or size < 4:
-            if size > 2 * BYTES_PROBE and not _shrinks(raw[:BYTES_PROBE]):
+            if size > 2 * BYTES_PROBE and not shrinks(raw[:BYTES_PROBE]):
                 return None
             frame = zstd_compress(raw, LEVEL)
             if not gains(_HEAD.size + len(frame), size):
@@ -239,7 +234,7 @@ class PlaneCodec:
         size = raw.nbytes
         n = size // 2
         probe = np.frombuffer(raw, np.uint8, 2 * min(n, PROBE_BYTES))[1::2]
-        if not _shrinks(probe.tobytes()):
+        if not shrinks(probe.tobytes()):
             return None
         tokens, channels = channel_layout(tuple(shape), n) if dtype in CHANNEL_DTYPES else (1, 1)
         high, low = split_planes(raw, tokens, channels)

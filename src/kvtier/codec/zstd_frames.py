@@ -16,6 +16,18 @@ def gains(stored: int, raw: int) -> bool:
     return stored <= raw * (1 - MIN_GAIN)
 
 
+#: Bytes of a block zstd tries first: a block whose first ``PROBE_BYTES`` do not shrink to
+#: ``PROBE_MAX_SHARE`` of their size (random bytes, data already compressed) is stored raw
+#: without compressing the rest.
+PROBE_BYTES = 4 * 1024
+PROBE_MAX_SHARE = 0.9
+
+
+def shrinks(sample, level: int = 1) -> bool:
+    """Whether zstd shrinks ``sample`` to at most :data:`PROBE_MAX_SHARE` of its size."""
+    return len(zstd_compress(sample, level)) <= PROBE_MAX_SHARE * len(memoryview(sample))
+
+
 def zstd_compress(data, level: int = 1) -> bytes:
     """One zstd frame of ``data`` with its content size (a fresh context: thread-safe)."""
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)

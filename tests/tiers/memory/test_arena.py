@@ -11,8 +11,8 @@ from kvtier.tiers.memory.arena import CHUNK_BYTES, SlabArena
 SLOT = 1 << 20  # 64 slots a chunk
 
 
-def _consecutive(slots: list[int]) -> bool:
-    return slots == list(range(slots[0], slots[0] + len(slots)))
+def _consecutive(slots) -> bool:
+    return list(slots) == list(range(slots[0], slots[0] + len(slots)))
 
 
 def test_a_block_of_several_slots_takes_one_run_and_reuses_the_run_the_last_one_freed():
@@ -32,8 +32,8 @@ def test_the_smallest_run_that_fits_is_taken_and_long_runs_stay_whole():
     arena.free([s for [s] in ones[20:24]])  # a run of 4
     arena.free([s for [s] in ones[30:31]])  # a single slot freed last: on top of the stack
     got = arena.alloc(3)
-    assert got == [20, 21, 22]
-    assert arena.alloc(9) == list(range(0, 9))
+    assert list(got) == [20, 21, 22]
+    assert list(arena.alloc(9)) == list(range(0, 9))
 
 
 def test_without_a_long_enough_run_a_block_takes_any_free_slots():
@@ -50,7 +50,7 @@ def test_without_a_long_enough_run_a_block_takes_any_free_slots():
 def test_under_churn_no_slot_is_handed_out_twice_and_the_counts_hold(seed):
     rng = np.random.default_rng(seed)
     arena = SlabArena(3 * CHUNK_BYTES + 5 * SLOT, SLOT)  # a partial last chunk
-    held: list[list[int]] = []
+    held: list = []
     for _ in range(2000):
         if held and (rng.random() < 0.45 or arena.free_slots < 20):
             arena.free(held.pop(int(rng.integers(len(held)))))

@@ -47,7 +47,7 @@ class RedisConformance(TierConformance):
         self.server = request.getfixturevalue(self.server_fixture)
 
     def make_tier(self, root, namespace, capacity, eviction="lru"):
-        url = _url(self.server.url, prefix=_prefix(root), timeout=1, **self.extra)
+        url = _url(self.server.url, prefix=_prefix(root), timeout=5, **self.extra)
         return open_tier(url, namespace)
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):

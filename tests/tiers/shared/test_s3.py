@@ -32,7 +32,7 @@ class TestS3Tier(TierConformance):
 
     def make_tier(self, root, namespace, capacity, eviction="lru"):
         prefix = "t" + xxhash.xxh3_64_hexdigest(str(root).encode())[:12]
-        return open_tier(_url(self.server, prefix=prefix, timeout=1), namespace)
+        return open_tier(_url(self.server, prefix=prefix, timeout=5), namespace)
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
         store, path = tier.store, tier.path_of(key)

@@ -2,7 +2,9 @@
 
 The memory tier stores every block in slots of one size; a block larger than a slot takes
 several, consecutive where a free run of them is long enough (the smallest such run, so long
-runs stay whole): then the block is one buffer, copied in and out in one piece. Buffers are
+runs stay whole): then the block is one buffer, copied in and out in one piece, and its slots
+are a ``range`` (a block's slots cost the same to hand out, free and view however many they
+are). Buffers are
 mapped in chunks as the tier fills, up to the capacity, pre-faulted, and never returned: a put
 reuses freed slots instead of allocating.
 With ``pinned`` the chunks are page-locked host memory from torch (for fast device copies).
@@ -12,6 +14,7 @@ The arena is not thread-safe; its owner serializes ``alloc``/``free``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,6 +58,9 @@ class SlabArena:
         # free slots to hand out one at a time (pop() gives them in order); an entry whose
         # slot a run took since is stale, and skipped
         self._stack: list[int] = []
+        # runs freed lately, last on top: the next block of the same size takes the top one
+        # whole, without a search (an entry a later alloc took part of is stale, and skipped)
+        self._freed_runs: list[range] = []
         self._mapped = 0  # slots carved so far
 
     @property
@@ -99,20 +105,19 @@ class SlabArena:
         row, col = divmod(int(starts[fits[np.argmin(lengths[fits])]]), per + 2)
         return row * per + col
 
-    def _top_run(self, n: int) -> int | None:
-        """The first slot of the run the last ``n`` entries of the stack name, when they name
-        ``n`` free consecutive slots of one chunk (a block that just left frees such a run,
-        which the next block of its size reuses without a search)."""
-        top = self._stack[-n:]
-        first = top[-1] if len(top) == n else -1
-        if first < 0 or top != list(range(first + n - 1, first - 1, -1)):
-            return None
-        if first // self.per_chunk != (first + n - 1) // self.per_chunk:
-            return None
-        if not self._is_free[first : first + n].all():
-            return None
-        del self._stack[-n:]
-        return first
+    def _top_run(self, n: int) -> range | None:
+        """The run freed last, when it has ``n`` slots (a block that just left frees such a
+        run, which the next block of its size reuses); runs taken apart since are dropped."""
+        runs, is_free = self._freed_runs, self._is_free
+        while runs:
+            run = runs[-1]
+            if not is_free[run.start : run.stop].all():
+                runs.pop()
+            elif len(run) == n:
+                return runs.pop()
+            else:
+                return None
+        return None
 
     def _pop(self) -> int:
         while True:
@@ -120,44 +125,52 @@ class SlabArena:
             if self._is_free[slot]:
                 return slot
 
-    def alloc(self, n: int) -> list[int] | None:
+    def alloc(self, n: int) -> Sequence[int] | None:
         """``n`` slots, or None (nothing taken) when fewer are free: one run of consecutive
-        slots when there is one (mapping a new chunk for it while the arena can grow)."""
+        slots (a ``range``) when there is one, mapping a new chunk for it while the arena can
+        grow; else a list of free slots wherever they are."""
         if n > self.free_slots:
             return None
         while self._nfree < n:
             self._grow()
-        first = None
+        run = None
         if n > 1:
-            first = self._top_run(n)
-            first = self._run(n) if first is None else first
-        while first is None and 1 < n <= self.per_chunk and self._mapped < self.slots:
-            self._grow()
-            first = self._run(n)
-        if first is not None:
-            slots = list(range(first, first + n))
-            self._is_free[first : first + n] = False
-        else:
-            slots = []
-            for _ in range(n):
-                slots.append(self._pop())
-                self._is_free[slots[-1]] = False
+            run = self._top_run(n)
+            first = self._run(n) if run is None else run.start
+            while first is None and n <= self.per_chunk and self._mapped < self.slots:
+                self._grow()
+                first = self._run(n)
+            if first is not None:
+                run = range(first, first + n)
         self._nfree -= n
+        if run is not None:
+            self._is_free[run.start : run.stop] = False
+            return run
+        slots = []
+        for _ in range(n):
+            slots.append(self._pop())
+            self._is_free[slots[-1]] = False
         return slots
 
-    def free(self, slots: list[int]) -> None:
+    def free(self, slots: Sequence[int]) -> None:
         """Give slots back for reuse."""
-        self._is_free[slots] = True
+        if type(slots) is range:
+            self._is_free[slots.start : slots.stop] = True
+            self._freed_runs.append(slots)
+            if len(self._freed_runs) > self._mapped // 2 + 64:  # more than can be free
+                del self._freed_runs[: len(self._freed_runs) // 2]
+        else:
+            self._is_free[slots] = True
         self._nfree += len(slots)
         self._stack.extend(reversed(slots))
         if len(self._stack) > 2 * self._mapped + 64:  # drop the stale entries
             self._stack = np.flatnonzero(self._is_free[: self._mapped])[::-1].tolist()
 
-    def span(self, slots: list[int]) -> np.ndarray | None:
+    def span(self, slots: Sequence[int]) -> np.ndarray | None:
         """One view of ``slots`` when they are consecutive in one chunk (else None): a block
         over several slots that lie back to back is one buffer, read with one copy."""
         first, n = slots[0], len(slots)
-        if any(s != first + k for k, s in enumerate(slots)):
+        if type(slots) is not range and any(s != first + k for k, s in enumerate(slots)):
             return None
         chunk, i = divmod(first, self.per_chunk)
         if i + n > self.per_chunk:

@@ -78,7 +78,7 @@ CODED_SLOTS_PER_BLOCK = 16
 
 @dataclass(slots=True, eq=False)
 class _Block:
-    slots: list[int]
+    slots: Sequence[int]  # a range when the block lies in one run of slots
     header: BlockHeader
     header_bytes: bytes
     head: np.ndarray  # the header as stored in the first slot
@@ -364,7 +364,7 @@ class MemoryTier(Tier):
         block = self._index.get(key)
         return (block is not None and block.pins > 0) or self.is_pinned(key)
 
-    def _alloc_locked(self, arena: SlabArena, need: int) -> list[int] | None:
+    def _alloc_locked(self, arena: SlabArena, need: int) -> Sequence[int] | None:
         spill = self._spill_locked if self.spilling else None
         ok, _ = self.ledger.make_room(
             need * arena.slot_size, self._drop_victim, spill=spill, pinned=self._busy
@@ -400,7 +400,7 @@ class MemoryTier(Tier):
             self.ledger.release(len(block.slots) * self._arena.slot_size)
 
     def _copy_in(
-        self, arena: SlabArena, slots: list[int], header: bytes, stored: memoryview
+        self, arena: SlabArena, slots: Sequence[int], header: bytes, stored: memoryview
     ) -> _Block:
         run = arena.span(slots) if len(slots) > 1 else None
         views = [run] if run is not None else [arena.view(s) for s in slots]

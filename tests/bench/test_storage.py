@@ -245,6 +245,16 @@ def test_a_coded_tier_takes_turns_with_its_raw_twin(tmp_path):
         assert m.target == 0.95 and m.verdict in ("PASS", "MISS")  # random bytes: ≥ 0.95
     assert any("codec=raw" in note for note in rep.notes)
     assert rep.as_dict()["config"]["reference"] == "raw"
+    trips = rep.round_trips  # store + load of the same blocks, one per depth
+    assert [(t.depth, t.target) for t in trips] == [(1, 0.95), (2, 0.95)]
+    for t in trips:
+        w, r = t.write, t.read
+        assert (w.op, r.op, w.depth) == ("write", "read", r.depth)
+        ours = 1 / (1 / w.result.gbps + 1 / r.result.gbps)
+        assert t.gbps == pytest.approx(ours)
+        assert t.ratio == pytest.approx(ours / t.reference_gbps)
+        assert (f"{t.tier} store+load depth {t.depth}" in rep.missed) == (t.verdict == "MISS")
+    assert [x["depth"] for x in rep.as_dict()["round_trips"]] == [1, 2]
     assert list(tmp_path.iterdir()) == []  # both namespaces' folders are gone
     with pytest.raises(ConfigError, match="no codec"):
         tiny_config(tmp_path, tiers=(f"slab://{tmp_path}?size=16MiB&codec=raw",), reference="raw")

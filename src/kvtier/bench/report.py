@@ -90,6 +90,24 @@ def storage_table(report: StorageReport) -> Group:
             table.add_section()
         last = m.tier
         table.add_row(*_row(m))
+    trips = report.round_trips
+    if trips:
+        table.add_section()
+    for t in trips:
+        table.add_row(
+            t.tier,
+            "store+load",
+            str(t.depth),
+            "-",
+            f"{t.gbps:.3f}",
+            "-",
+            "-",
+            "-",
+            "-",
+            f"raw {t.reference_gbps:.3f}",
+            f"{t.ratio:.2f}",
+            _target(f"≥{t.target:g}" if t.target is not None else None, t.verdict),
+        )
     if report.lookup is not None:
         lk = report.lookup
         table.add_section()

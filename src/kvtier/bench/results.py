@@ -36,6 +36,9 @@ CODEC_TARGETS = {
     ("random", "read"): 0.95,
     ("random", "write"): 0.95,
 }
+#: The codec's target for a store and then a load of the same blocks, timed together, against
+#: the raw twin, by payload: on bytes it cannot shrink the round trip may cost it little.
+ROUND_TRIP_TARGETS = {"random": 0.95}
 #: The reference kinds a row may have: fio, a plain copy, a shared tier's stock client, or the
 #: same tier with ``codec=raw``.
 RAW_TWIN = "raw"
@@ -146,6 +149,89 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class RoundTrip:
+    """A store and then a load of the same blocks at one depth, as one stretch of time: the
+    seconds a byte takes to write plus those it takes to read, kvtier's against its raw twin's.
+
+    ``gbps`` is the round trip's rate (bytes ÷ the write's and the read's seconds together);
+    ``ratio`` is the twin's time ÷ kvtier's (above 1: kvtier is faster)."""
+
+    write: Measurement
+    read: Measurement
+
+    @property
+    def tier(self) -> str:
+        """The tier's name."""
+        return self.write.tier
+
+    @property
+    def depth(self) -> int:
+        """Requests in flight."""
+        return self.write.depth
+
+    @staticmethod
+    def _rate(write: PassResult, read: PassResult) -> float:
+        return 1.0 / (1.0 / write.bandwidth + 1.0 / read.bandwidth)
+
+    @property
+    def gbps(self) -> float:
+        """kvtier's round-trip rate, GB/s of payload."""
+        return self._rate(self.write.result, self.read.result) / 1e9
+
+    @property
+    def reference_gbps(self) -> float:
+        """The twin's round-trip rate, GB/s of payload."""
+        assert self.write.reference is not None and self.read.reference is not None
+        return self._rate(self.write.reference.result, self.read.reference.result) / 1e9
+
+    @property
+    def ratio(self) -> float:
+        """kvtier's round-trip rate ÷ the twin's."""
+        return self.gbps / self.reference_gbps
+
+    @property
+    def target(self) -> float | None:
+        """The codec's round-trip target for the payload (blocks ≥ 256 KiB)."""
+        if self.write.block_bytes < TARGET_MIN_BLOCK:
+            return None
+        return ROUND_TRIP_TARGETS.get(self.write.payload)
+
+    @property
+    def verdict(self) -> str | None:
+        """PASS/MISS against the target, None where none applies."""
+        if self.target is None:
+            return None
+        return "PASS" if self.ratio >= self.target else "MISS"
+
+    def as_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return {
+            "tier": self.tier,
+            "depth": self.depth,
+            "gbps": self.gbps,
+            "reference_gbps": self.reference_gbps,
+            "ratio": self.ratio,
+            "target": self.target,
+            "verdict": self.verdict,
+        }
+
+
+def round_trips(measurements: list[Measurement]) -> list[RoundTrip]:
+    """The write and read rows of each (tier, depth) measured against the raw twin, paired."""
+    twin = [
+        m
+        for m in measurements
+        if m.reference is not None and m.reference.kind == RAW_TWIN and m.ratio is not None
+    ]
+    writes = {(m.tier, m.depth): m for m in twin if m.op == "write"}
+    return [
+        RoundTrip(writes[(m.tier, m.depth)], m)
+        for m in twin
+        if m.op == "read" and (m.tier, m.depth) in writes
+    ]
+
+
+@dataclass(frozen=True)
 class LookupMeasurement:
     """Latency of ``TieredCache.lookup`` of a ``chunks``-chunk prefix held by the slowest tier."""
 
@@ -190,9 +276,16 @@ class StorageReport:
     def missed(self) -> list[str]:
         """Labels of the rows that missed their target."""
         out = [f"{m.tier} {m.op} depth {m.depth}" for m in self.measurements if m.verdict == "MISS"]
+        trips = self.round_trips
+        out += [f"{t.tier} store+load depth {t.depth}" for t in trips if t.verdict == "MISS"]
         if self.lookup is not None and self.lookup.verdict == "MISS":
             out.append("lookup")
         return out
+
+    @property
+    def round_trips(self) -> list[RoundTrip]:
+        """Store + load of each (tier, depth) measured against its raw twin."""
+        return round_trips(self.measurements)
 
     def as_dict(self) -> dict:
         """Plain JSON-ready dict (what ``--json`` prints)."""
@@ -201,6 +294,7 @@ class StorageReport:
             "config": self.config.as_dict(),
             "environment": self.environment.as_dict(),
             "results": [m.as_dict() for m in self.measurements],
+            "round_trips": [t.as_dict() for t in self.round_trips],
             "lookup": self.lookup.as_dict() if self.lookup else None,
             "notes": list(self.notes),
         }

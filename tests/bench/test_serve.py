@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from kvtier.bench import serve as serve_mod
-from kvtier.bench.serve import ServeBench, wait_quiet
+from kvtier.bench.serve import ServeBench, wait_idle, wait_quiet
 from kvtier.bench.serve_client import (
     ClientError,
     ClientResult,
@@ -312,6 +312,35 @@ def test_records_and_quiet_wait(tmp_path, monkeypatch):
     naps: list[float] = []
     wait_quiet(2.0, 60, naps.append)
     assert naps == [2.0, 2.0]
+
+
+class _Spinning:
+    """A server whose CPU seconds grow by ``rates[i]`` cores over the i-th window, then 0."""
+
+    def __init__(self, rates: list[float], window: float):
+        self.rates, self.window, self.used, self.reads = list(rates), window, 0.0, 0
+
+    def cpu_seconds(self) -> float:
+        if self.reads and self.rates:
+            self.used += self.rates.pop(0) * self.window
+        self.reads += 1
+        return self.used
+
+
+def test_a_run_waits_until_the_held_servers_stop_spinning():
+    now = [0.0]
+
+    def nap(s: float) -> None:
+        now[0] += s
+
+    clock = lambda: now[0]  # noqa: E731
+    busy, quiet = _Spinning([1.6, 0.9, 0.3], 0.5), _Spinning([], 0.5)
+    waited = wait_idle([busy, quiet], limit_s=10, share=0.1, window_s=0.5, clock=clock, sleep=nap)
+    assert waited == pytest.approx(2.0)  # three busy windows, then a quiet one
+    forever = _Spinning([1.0] * 100, 0.5)
+    now[0] = 0.0
+    assert wait_idle([forever], limit_s=3, window_s=0.5, clock=clock, sleep=nap) == 3.0  # capped
+    assert wait_idle([]) == 0.0
 
 
 # --- ratios and targets --------------------------------------------------------------------------

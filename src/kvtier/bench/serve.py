@@ -21,9 +21,10 @@ import os
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -81,6 +82,40 @@ def wait_quiet(
     return time.monotonic() - began
 
 
+#: A client run starts once the held servers together have used at most ``IDLE_SHARE`` of a core
+#: over the last ``IDLE_WINDOW_S`` (an engine keeps spinning for a while after its last request,
+#: taking CPU from whichever server runs next), waiting at most ``IDLE_WAIT_S``.
+IDLE_SHARE = 0.1
+IDLE_WINDOW_S = 0.5
+IDLE_WAIT_S = 10.0
+
+
+class _Metered(Protocol):
+    def cpu_seconds(self) -> float: ...
+
+
+def wait_idle(
+    servers: Sequence[_Metered],
+    limit_s: float = IDLE_WAIT_S,
+    share: float = IDLE_SHARE,
+    window_s: float = IDLE_WINDOW_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait until ``servers`` used at most ``share`` of a core over one ``window_s`` (at most
+    ``limit_s``); the seconds waited (0 without servers)."""
+    if not servers:
+        return 0.0
+    began = clock()
+    used = sum(s.cpu_seconds() for s in servers)
+    while True:
+        sleep(window_s)
+        now = sum(s.cpu_seconds() for s in servers)
+        if now - used <= share * window_s or clock() - began >= limit_s:
+            return clock() - began
+        used = now
+
+
 def post_completion(base_url: str, model: str, prompt: list[int], timeout_s: float) -> float:
     """Seconds one non-streamed completion of one token takes (a cold prompt: its prefill)."""
     body = json.dumps(
@@ -104,6 +139,7 @@ class ServeBench:
         self.run_id = uuid.uuid4().hex[:8]
         # absolute: the tiers' URLs are built from it (slab://relative would name a host)
         self.run_dir = config.work_dir.absolute() / f"serve-{self.run_id}"
+        self._live: dict[str, VllmServer] = {}  # the servers up now, by system
 
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
@@ -221,6 +257,7 @@ class ServeBench:
             self._failed(report, system, exc)
             return None
         report.systems.append(SystemInfo(system, server.startup_s, warm, kv, str(log)))
+        self._live[system] = server
         return server
 
     @staticmethod
@@ -295,6 +332,7 @@ class ServeBench:
         records = self.paths(system).records
         seen = len(read_records(records)) if records is not None else 0
         waited = wait_quiet(c.quiet_load, c.quiet_wait_s)
+        idle = wait_idle(list(self._live.values()))
         load_before = _load1()
         before = scrape(server.base_url)
         began = time.perf_counter()
@@ -319,6 +357,7 @@ class ServeBench:
                 summarize_records(mine) if mine else {},
                 (load_before, _load1()),
                 waited,
+                idle,
             )
         )
 
@@ -362,6 +401,7 @@ class ServeBench:
                 self._stop(system, held.pop(system))
 
     def _stop(self, system: str, server: VllmServer) -> None:
+        self._live.pop(system, None)
         server.stop()
         if not self.config.keep:
             self.paths(system).remove()
@@ -381,4 +421,4 @@ def _vocab_range(folder: Path) -> tuple[int, int]:
     return low, max(low + 1, vocab - low)
 
 
-__all__ = ["ServeBench", "wait_quiet"]
+__all__ = ["ServeBench", "wait_idle", "wait_quiet"]

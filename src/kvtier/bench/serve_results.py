@@ -82,6 +82,7 @@ class RunResult:
     records: dict[str, Any] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)
     quiet_wait_s: float = 0.0
+    idle_wait_s: float = 0.0  # waited for the held servers to stop spinning before the run
 
     def as_dict(self, detailed: bool = False) -> dict[str, Any]:
         return {
@@ -99,6 +100,7 @@ class RunResult:
             "records": self.records,
             "load_average_1m": list(self.load),
             "quiet_wait_s": self.quiet_wait_s,
+            "idle_wait_s": self.idle_wait_s,
         }
 
 

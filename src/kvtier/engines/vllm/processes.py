@@ -1,8 +1,10 @@
-"""Ending a process that leads its own process group, and everything it started.
+"""Ending a process that leads its own process group, and everything it started; the CPU time
+such a group has used.
 
 vLLM's server and offline engines start child processes (the engine core, the worker); a
 process started with ``start_new_session=True`` leads a group that holds them all, so one
-``killpg`` ends what a plain kill of the leader would leave behind.
+``killpg`` ends what a plain kill of the leader would leave behind, and the group's processes
+are found by their process group id in ``/proc``.
 """
 
 from __future__ import annotations
@@ -32,4 +34,27 @@ def end_process_group(
         return None
 
 
-__all__ = ["end_process_group"]
+def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used,
+    read from ``/proc/<pid>/stat`` (zombies left out; 0.0 where ``/proc`` cannot be read)."""
+    ticks = 0
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        # after the name: state, ppid, pgrp, ..., utime (12th), stime (13th)
+        if len(fields) > 12 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+__all__ = ["end_process_group", "group_cpu_seconds"]

@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from kvtier.engines.vllm.dtype import engine_dtype
-from kvtier.engines.vllm.processes import end_process_group
+from kvtier.engines.vllm.processes import end_process_group, group_cpu_seconds
 from kvtier.errors import ConfigError, KvtierError
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
@@ -175,6 +175,11 @@ class VllmServer:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server's processes (API server, engine core, worker) have used so
+        far (0.0 when it is not running)."""
+        return group_cpu_seconds(self._proc.pid) if self._proc is not None else 0.0
 
     def start(self) -> VllmServer:
         """Start the server and wait until ``/health`` answers (VllmServerError otherwise)."""

@@ -44,6 +44,13 @@ ROUND_TRIP_TARGETS = {"random": 0.95}
 RAW_TWIN = "raw"
 
 
+def verdict_of(ratio: float | None, target: float | None) -> str | None:
+    """PASS/MISS of ``ratio`` against ``target``; None where either is missing."""
+    if target is None or ratio is None:
+        return None
+    return "PASS" if ratio >= target else "MISS"
+
+
 def target_for(
     scheme: str, op: str, block_bytes: int, reference: str = "", payload: str = "random"
 ) -> float | None:
@@ -123,9 +130,7 @@ class Measurement:
     @property
     def verdict(self) -> str | None:
         """PASS/MISS against the target, None where no target applies."""
-        if self.target is None or self.ratio is None:
-            return None
-        return "PASS" if self.ratio >= self.target else "MISS"
+        return verdict_of(self.ratio, self.target)
 
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
@@ -199,9 +204,7 @@ class RoundTrip:
     @property
     def verdict(self) -> str | None:
         """PASS/MISS against the target, None where none applies."""
-        if self.target is None:
-            return None
-        return "PASS" if self.ratio >= self.target else "MISS"
+        return verdict_of(self.ratio, self.target)
 
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""

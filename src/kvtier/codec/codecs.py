@@ -13,7 +13,13 @@ import numpy as np
 
 from kvtier.codec.errors import CorruptBlockError
 from kvtier.codec.planes import PlaneCodec
-from kvtier.codec.zstd_frames import PROBE_BYTES, gains, shrinks, zstd_compress, zstd_decompress
+from kvtier.codec.zstd_frames import (
+    flat_bytes,
+    gains,
+    head_declines,
+    zstd_compress,
+    zstd_decompress,
+)
 from kvtier.errors import ConfigError
 
 
@@ -77,8 +83,8 @@ class ZstdCodec:
     level: ClassVar[int] = 1
 
     def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
-        raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
-        if raw.nbytes > 2 * PROBE_BYTES and not shrinks(raw[:PROBE_BYTES], self.level):
+        raw = flat_bytes(raw)
+        if head_declines(raw, self.level):
             return None  # its first bytes do not shrink (random, already compressed…): raw
         stored = raw.nbytes.to_bytes(8, "little") + zstd_compress(raw, self.level)
         return stored if gains(len(stored), raw.nbytes) else None

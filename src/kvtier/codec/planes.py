@@ -33,8 +33,14 @@ from typing import ClassVar
 import numpy as np
 
 from kvtier.codec.errors import CorruptBlockError
-from kvtier.codec.zstd_frames import PROBE_BYTES as BYTES_PROBE
-from kvtier.codec.zstd_frames import gains, shrinks, zstd_compress, zstd_decompress
+from kvtier.codec.zstd_frames import (
+    flat_bytes,
+    gains,
+    head_declines,
+    shrinks,
+    zstd_compress,
+    zstd_decompress,
+)
 
 try:  # the split/merge and order-1 coder in C (src/kvtier/codec/_kvcore.c), built with the package
     from kvtier.codec import _kvcore
@@ -176,17 +182,17 @@ class PlaneCodec:
             return True
         if dtype not in PLANE_DTYPES or not self.use_native:
             return False
-        raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
+        raw = flat_bytes(raw)
         return raw.nbytes // 2 > 4 * QUICK_PROBE and _entropy_bits(raw) > 8 * PROBE_MAX_SHARE
 
     def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
         """The stored form, or None when the block does not shrink (the caller stores it raw)."""
-        raw = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
+        raw = flat_bytes(raw)
         size = raw.nbytes
         if dtype == OPAQUE_DTYPE:
             return None
         if dtype not in PLANE_DTYPES or size < 4:
-            if size > 2 * BYTES_PROBE and not shrinks(raw[:BYTES_PROBE]):
+            if head_declines(raw, LEVEL):
                 return None
             frame = zstd_compress(raw, LEVEL)
             if not gains(_HEAD.size + len(frame), size):
@@ -250,7 +256,7 @@ class PlaneCodec:
 
     def decode_into(self, stored: memoryview, out: memoryview, dtype: str) -> int:
         """Decode into ``out``; CorruptBlockError for anything that is not a whole, valid form."""
-        stored = stored.cast("B") if stored.format != "B" or stored.ndim != 1 else stored
+        stored = flat_bytes(stored)
         if stored.nbytes < _HEAD.size:
             raise CorruptBlockError(f"kv payload of {stored.nbytes} bytes is truncated")
         magic, mode, flags, tokens, channels, zero, size, hi_len, lo_len = _HEAD.unpack_from(stored)

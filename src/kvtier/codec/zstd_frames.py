@@ -23,9 +23,20 @@ PROBE_BYTES = 4 * 1024
 PROBE_MAX_SHARE = 0.9
 
 
+def flat_bytes(view: memoryview) -> memoryview:
+    """``view`` as a one-dimensional view of unsigned bytes (no copy)."""
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 def shrinks(sample, level: int = 1) -> bool:
     """Whether zstd shrinks ``sample`` to at most :data:`PROBE_MAX_SHARE` of its size."""
     return len(zstd_compress(sample, level)) <= PROBE_MAX_SHARE * len(memoryview(sample))
+
+
+def head_declines(raw: memoryview, level: int = 1) -> bool:
+    """Whether a block (a flat byte view) is worth probing, being over twice
+    :data:`PROBE_BYTES`, and its first ``PROBE_BYTES`` do not :func:`shrink <shrinks>`."""
+    return raw.nbytes > 2 * PROBE_BYTES and not shrinks(raw[:PROBE_BYTES], level)
 
 
 def zstd_compress(data, level: int = 1) -> bytes:

@@ -36,7 +36,7 @@ from kvtier.bench.serve_config import (
 )
 from kvtier.bench.serve_metrics import CacheCounters, delta, parse_metrics
 from kvtier.bench.serve_preload import PreloadResult, PreloadRun
-from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+from kvtier.bench.serve_report import random_table, serve_json, serve_plot, serve_table
 from kvtier.bench.serve_results import (
     RunResult,
     ServeReport,
@@ -401,6 +401,46 @@ def test_ratios_against_vllm_alone():
     assert "median of 3 rounds alternating" in rnd.detail
     lo, hi = r.random_interval()
     assert lo < 0.98 < hi and f"90 % interval {lo:.2f}-{hi:.2f}" in rnd.detail
+
+
+def test_the_engine_cores_spin_is_reported_next_to_the_random_rounds():
+    from dataclasses import replace
+
+    r = _report()
+    assert r.random_engine_cpu("vllm") is None and r.random_spin_correlation() is None
+    rnd = "random (no reuse): kvtier / vLLM alone throughput"
+    assert "engine core" not in {t.name: t for t in r.targets()}[rnd].detail  # not measured
+    # rounds whose engine core spun longer ran slower (throughput 100, 90, 110 / 98, 99, 80)
+    spin = {100.0: 3.0, 90.0: 4.0, 110.0: 2.0, 98.0: 3.1, 99.0: 3.05, 80.0: 6.0}
+    r.runs = [
+        replace(
+            run,
+            cpu_s={
+                "VLLM::EngineCor": spin[run.client.total_token_throughput],
+                "VLLM::Worker": 30.0,
+                "python": 0.5,
+            },
+        )
+        if run.dataset == "random"
+        else run
+        for run in r.runs
+    ]
+    assert r.random_runs("kvtier")[0].engine_core_cpu_s() == pytest.approx(3.1)
+    assert r.random_engine_cpu("vllm") == pytest.approx(3.0)
+    assert r.random_engine_cpu("kvtier") == pytest.approx(3.1)
+    corr = r.random_spin_correlation()
+    assert corr < -0.9
+    detail = {t.name: t for t in r.targets()}[rnd].detail
+    spun = "engine core CPU a round (median) 3.0 s vLLM, 3.1 s kvtier"
+    assert f"{spun}, throughput against it r = {corr:+.2f}" in detail
+    d = r.to_dict()
+    assert d["random_engine_core_cpu_s"] == {"vllm": 3.0, "kvtier": 3.1}
+    assert d["random_throughput_vs_engine_cpu_r"] == pytest.approx(corr)
+    assert d["runs"][-1]["cpu_s"]["VLLM::Worker"] == 30.0
+    console = Console(record=True, width=220)
+    console.print(random_table(r))
+    text = console.export_text()
+    assert "engine core CPU a round" in text and "3.1 s" in text
 
 
 def test_a_disk_target_below_the_fastest_first_token_of_the_run_says_so():

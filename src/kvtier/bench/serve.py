@@ -335,9 +335,12 @@ class ServeBench:
         idle = wait_idle(list(self._live.values()))
         load_before = _load1()
         before = scrape(server.base_url)
+        cpu_before = server.cpu_by_process()
         began = time.perf_counter()
         result = client.run(run, c.run_timeout_s)
         wall = time.perf_counter() - began
+        cpu_after = server.cpu_by_process()
+        cpu = {k: round(v - cpu_before.get(k, 0.0), 2) for k, v in cpu_after.items()}
         series = delta(before, scrape(server.base_url))
         counters = CacheCounters.from_delta(series)
         mine = read_records(records)[seen:] if records is not None else []
@@ -358,6 +361,7 @@ class ServeBench:
                 (load_before, _load1()),
                 waited,
                 idle,
+                cpu,
             )
         )
 

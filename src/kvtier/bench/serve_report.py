@@ -112,7 +112,8 @@ def random_table(report: ServeReport) -> Table | None:
         ),
         title_justify="left",
     )
-    for name in ("system", "rounds: total tok/s", "median tok/s", "vs vLLM", "TTFT p50", "fail"):
+    columns = ("system", "rounds: total tok/s", "median tok/s", "vs vLLM", "TTFT p50")
+    for name in (*columns, "engine core CPU a round", "fail"):
         table.add_column(name, justify="left" if name == "system" else "right")
     ref = report.random_throughput(REFERENCE)
     for system in report.config.random_systems():
@@ -127,6 +128,7 @@ def random_table(report: ServeReport) -> Table | None:
             f"{med:,.0f}" if med else "–",
             "ref" if system == REFERENCE else (f"{ratio:.3f}" if ratio else "–"),
             _ms(sorted(x.client.ttft_median_ms for x in mine)[len(mine) // 2]),
+            f"{spin:.1f} s" if (spin := report.random_engine_cpu(system)) is not None else "–",
             str(sum(x.client.failed for x in mine)),
         )
     return table

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kvtier.bench.serve_client import ClientResult
 from kvtier.bench.serve_config import (
     DISK_VS_EXAMPLE_TARGET,
@@ -28,6 +30,10 @@ from kvtier.bench.stats import median_ratio_interval
 
 if TYPE_CHECKING:
     from kvtier.bench.serve_preload import PreloadResult
+
+#: How the name of vLLM's engine core process starts (``VLLM::EngineCore``, of which
+#: ``/proc/<pid>/stat`` keeps 15 characters).
+ENGINE_CORE_PROCESS = "VLLM::Engine"
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,13 @@ class RunResult:
     load: tuple[float, float] = (0.0, 0.0)
     quiet_wait_s: float = 0.0
     idle_wait_s: float = 0.0  # waited for the held servers to stop spinning before the run
+    cpu_s: dict[str, float] = field(default_factory=dict)  # by server process, during the run
+
+    def engine_core_cpu_s(self) -> float | None:
+        """CPU seconds vLLM's engine core used during the run (None: not measured). Most of it
+        is its busy wait for the worker, which takes a core from the forward on a small host."""
+        used = [v for name, v in self.cpu_s.items() if name.startswith(ENGINE_CORE_PROCESS)]
+        return sum(used) if used else None
 
     def as_dict(self, detailed: bool = False) -> dict[str, Any]:
         return {
@@ -101,6 +114,7 @@ class RunResult:
             "load_average_1m": list(self.load),
             "quiet_wait_s": self.quiet_wait_s,
             "idle_wait_s": self.idle_wait_s,
+            "cpu_s": self.cpu_s,
         }
 
 
@@ -200,6 +214,36 @@ class ServeReport:
         """90 % bootstrap interval of kvtier / vLLM alone's median random throughput."""
         return median_ratio_interval(self.random_rounds("kvtier"), self.random_rounds(REFERENCE))
 
+    def random_engine_cpu(self, system: str) -> float | None:
+        """Median CPU seconds vLLM's engine core used per random round of ``system``."""
+        values = [v for r in self.random_runs(system) if (v := r.engine_core_cpu_s()) is not None]
+        return statistics.median(values) if values else None
+
+    def random_spin_correlation(self) -> float | None:
+        """Pearson r of each random round's throughput against its engine core's CPU seconds,
+        over every system's rounds (None: fewer than four rounds measured, or no spread)."""
+        pairs = [
+            (r.client.total_token_throughput, cpu)
+            for r in self.runs
+            if r.dataset == "random"
+            and r.client.total_token_throughput > 0
+            and (cpu := r.engine_core_cpu_s()) is not None
+        ]
+        if len(pairs) < 4:
+            return None
+        tput, cpu = np.array(pairs).T
+        if tput.std() == 0 or cpu.std() == 0:
+            return None
+        return float(np.corrcoef(tput, cpu)[0, 1])
+
+    def _spin_detail(self) -> str:
+        ref, kv = self.random_engine_cpu(REFERENCE), self.random_engine_cpu("kvtier")
+        if ref is None or kv is None:
+            return ""
+        detail = f"; engine core CPU a round (median) {ref:.1f} s vLLM, {kv:.1f} s kvtier"
+        r = self.random_spin_correlation()
+        return detail + (f", throughput against it r = {r:+.2f}" if r is not None else "")
+
     def targets(self) -> list[Target]:
         """The measured ratios against the issue's thresholds."""
         out = []
@@ -246,7 +290,7 @@ class ServeReport:
                     None if r is None else r >= 1 - THROUGHPUT_TOLERANCE,
                     (
                         f"median of {rounds} rounds {how}: kvtier {kv or 0:.0f} vs vLLM "
-                        f"{ref or 0:.0f} tok/s{spread}"
+                        f"{ref or 0:.0f} tok/s{spread}{self._spin_detail()}"
                     ),
                 )
             )
@@ -290,6 +334,10 @@ class ServeReport:
                 s: self.random_throughput(s) for s in self.config.random_systems()
             },
             "random_ratio_interval_90": self.random_interval(),
+            "random_engine_core_cpu_s": {
+                s: self.random_engine_cpu(s) for s in self.config.random_systems()
+            },
+            "random_throughput_vs_engine_cpu_r": self.random_spin_correlation(),
             "systems": [s.as_dict() for s in self.systems],
             "runs": [r.as_dict(detailed) for r in self.runs],
             "tiers": self.tiers,

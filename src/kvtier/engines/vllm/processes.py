@@ -34,14 +34,15 @@ def end_process_group(
         return None
 
 
-def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
-    """CPU seconds (user + system) the live processes of process group ``pgid`` have used,
-    read from ``/proc/<pid>/stat`` (zombies left out; 0.0 where ``/proc`` cannot be read)."""
-    ticks = 0
+def group_cpu_by_name(pgid: int, proc_root: str = "/proc") -> dict[str, float]:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used, by
+    process name (``VLLM::EngineCor``, ``VLLM::Worker``, …; processes of one name added up),
+    read from ``/proc/<pid>/stat`` (zombies left out; empty where ``/proc`` cannot be read)."""
+    ticks: dict[str, int] = {}
     try:
         entries = os.listdir(proc_root)
     except OSError:
-        return 0.0
+        return {}
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -50,11 +51,20 @@ def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
                 stat = f.read()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
+        close = stat.rindex(b")")
+        fields = stat[close + 2 :].split()
         # after the name: state, ppid, pgrp, ..., utime (12th), stime (13th)
         if len(fields) > 12 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            name = stat[stat.index(b"(") + 1 : close].decode(errors="replace")
+            ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
+    per_s = os.sysconf("SC_CLK_TCK")
+    return {name: t / per_s for name, t in ticks.items()}
 
 
-__all__ = ["end_process_group", "group_cpu_seconds"]
+def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used
+    (0.0 where ``/proc`` cannot be read)."""
+    return sum(group_cpu_by_name(pgid, proc_root).values())
+
+
+__all__ = ["end_process_group", "group_cpu_by_name", "group_cpu_seconds"]

@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from kvtier.engines.vllm.dtype import engine_dtype
-from kvtier.engines.vllm.processes import end_process_group, group_cpu_seconds
+from kvtier.engines.vllm.processes import end_process_group, group_cpu_by_name, group_cpu_seconds
 from kvtier.errors import ConfigError, KvtierError
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
@@ -180,6 +180,11 @@ class VllmServer:
         """CPU seconds the server's processes (API server, engine core, worker) have used so
         far (0.0 when it is not running)."""
         return group_cpu_seconds(self._proc.pid) if self._proc is not None else 0.0
+
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds each of the server's processes has used so far, by process name (the
+        engine core's and the worker's apart; empty when it is not running)."""
+        return group_cpu_by_name(self._proc.pid) if self._proc is not None else {}
 
     def start(self) -> VllmServer:
         """Start the server and wait until ``/health`` answers (VllmServerError otherwise)."""

@@ -85,6 +85,7 @@ def main() -> None:
 
     folder, _, _ = embedded_model_folder()
     # absolute: the tier URLs are built from it (slab://relative would name a host)
+    Path(".kvtier").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvtier-overhead-", dir=".kvtier")).resolve()
     shm = Path(tempfile.mkdtemp(prefix="kvtier-overhead-", dir="/dev/shm"))
     rounds: list[dict] = []

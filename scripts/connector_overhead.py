@@ -26,8 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 SYSTEMS = ("vllm", "kvtier", "kvtier-off", "noop")
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -79,8 +77,10 @@ def main() -> None:
 
     from kvtier.bench.serve import wait_idle
     from kvtier.bench.serve_client import ClientRun, ClientWorker, random_args
-    from kvtier.bench.serve_results import ENGINE_CORE_PROCESS
+    from kvtier.bench.serve_results import engine_core_seconds
+    from kvtier.bench.stats import pearson_r
     from kvtier.engines.embedded import embedded_model_folder
+    from kvtier.engines.vllm.processes import cpu_used
     from kvtier.engines.vllm.server import ServerConfig, VllmServer
 
     folder, _, _ = embedded_model_folder()
@@ -109,8 +109,7 @@ def main() -> None:
                 )
                 before = server.cpu_by_process()
                 result = client.run(spec, 3600)
-                after = server.cpu_by_process()
-                cpu = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
+                cpu = cpu_used(before, server.cpu_by_process())
                 return {"tput": result.total_token_throughput, "cpu_s": cpu}
 
             for name in names:
@@ -131,9 +130,7 @@ def main() -> None:
                 for name in order:
                     waited = wait_idle(list(servers.values()))
                     got = run(name, args.prompts, 10 + r, f"{name}-r{r}")
-                    engine = sum(
-                        v for p, v in got["cpu_s"].items() if p.startswith(ENGINE_CORE_PROCESS)
-                    )
+                    engine = engine_core_seconds(got["cpu_s"]) or 0.0
                     rounds.append(
                         {
                             "system": name,
@@ -162,9 +159,7 @@ def main() -> None:
             "paired_ratio_median": statistics.median(x["tput"] / ref[x["round"]] for x in mine),
             "engine_core_cpu_s_median": statistics.median(x["engine_core_cpu_s"] for x in mine),
         }
-    tput = np.array([x["tput"] for x in rounds])
-    cpu = np.array([x["engine_core_cpu_s"] for x in rounds])
-    corr = float(np.corrcoef(tput, cpu)[0, 1]) if tput.std() and cpu.std() else None
+    corr = pearson_r([x["tput"] for x in rounds], [x["engine_core_cpu_s"] for x in rounds])
     out = {
         "systems": summary,
         "throughput_vs_engine_cpu_r": corr,

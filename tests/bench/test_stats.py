@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from kvtier.bench.stats import median_ratio_interval
+from kvtier.bench.stats import median_ratio_interval, pearson_r
 
 
 def test_the_interval_holds_the_ratio_and_narrows_with_more_rounds():
@@ -22,3 +23,11 @@ def test_same_rounds_same_interval_and_too_few_rounds_none():
     assert median_ratio_interval([1.0], [1.0, 2.0]) is None
     assert median_ratio_interval([1.0, 2.0], [0.0, 1.0]) is None
     assert median_ratio_interval([5.0, 5.0], [5.0, 5.0]) == (1.0, 1.0)
+
+
+def test_pearson_r_follows_paired_samples_and_needs_spread_on_both_sides():
+    assert pearson_r([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert pearson_r([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert abs(pearson_r([1, 2, 3, 4], [1, -1, -1, 1])) < 1e-12
+    assert pearson_r([5, 5, 5], [1, 2, 3]) is None
+    assert pearson_r([1, 2, 3], [7, 7, 7]) is None

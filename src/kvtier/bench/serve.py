@@ -41,6 +41,7 @@ from kvtier.bench.serve_results import (
     read_records,
     summarize_records,
 )
+from kvtier.engines.vllm.processes import cpu_used
 from kvtier.engines.vllm.server import BLOCK_TOKENS, ServerConfig, VllmServer, VllmServerError
 
 #: on_step(label): one step per server start, client run and random round.
@@ -339,8 +340,7 @@ class ServeBench:
         began = time.perf_counter()
         result = client.run(run, c.run_timeout_s)
         wall = time.perf_counter() - began
-        cpu_after = server.cpu_by_process()
-        cpu = {k: round(v - cpu_before.get(k, 0.0), 2) for k, v in cpu_after.items()}
+        cpu = cpu_used(cpu_before, server.cpu_by_process())
         series = delta(before, scrape(server.base_url))
         counters = CacheCounters.from_delta(series)
         mine = read_records(records)[seen:] if records is not None else []

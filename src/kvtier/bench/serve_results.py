@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from kvtier.bench.serve_client import ClientResult
 from kvtier.bench.serve_config import (
     DISK_VS_EXAMPLE_TARGET,
@@ -26,7 +24,7 @@ from kvtier.bench.serve_config import (
     ServeBenchConfig,
 )
 from kvtier.bench.serve_metrics import CacheCounters
-from kvtier.bench.stats import median_ratio_interval
+from kvtier.bench.stats import median_ratio_interval, pearson_r
 
 if TYPE_CHECKING:
     from kvtier.bench.serve_preload import PreloadResult
@@ -34,6 +32,14 @@ if TYPE_CHECKING:
 #: How the name of vLLM's engine core process starts (``VLLM::EngineCore``, of which
 #: ``/proc/<pid>/stat`` keeps 15 characters).
 ENGINE_CORE_PROCESS = "VLLM::Engine"
+
+
+def engine_core_seconds(cpu_s: dict[str, float]) -> float | None:
+    """CPU seconds of vLLM's engine core among a run's seconds by process name (None: not
+    measured). Most of it is its busy wait for the worker, which takes a core from the forward
+    on a small host."""
+    used = [v for name, v in cpu_s.items() if name.startswith(ENGINE_CORE_PROCESS)]
+    return sum(used) if used else None
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,8 @@ class RunResult:
     cpu_s: dict[str, float] = field(default_factory=dict)  # by server process, during the run
 
     def engine_core_cpu_s(self) -> float | None:
-        """CPU seconds vLLM's engine core used during the run (None: not measured). Most of it
-        is its busy wait for the worker, which takes a core from the forward on a small host."""
-        used = [v for name, v in self.cpu_s.items() if name.startswith(ENGINE_CORE_PROCESS)]
-        return sum(used) if used else None
+        """CPU seconds vLLM's engine core used during the run (None: not measured)."""
+        return engine_core_seconds(self.cpu_s)
 
     def as_dict(self, detailed: bool = False) -> dict[str, Any]:
         return {
@@ -231,10 +235,8 @@ class ServeReport:
         ]
         if len(pairs) < 4:
             return None
-        tput, cpu = np.array(pairs).T
-        if tput.std() == 0 or cpu.std() == 0:
-            return None
-        return float(np.corrcoef(tput, cpu)[0, 1])
+        tput, cpu = zip(*pairs, strict=True)
+        return pearson_r(tput, cpu)
 
     def _spin_detail(self) -> str:
         ref, kv = self.random_engine_cpu(REFERENCE), self.random_engine_cpu("kvtier")

@@ -106,6 +106,14 @@ def combine_passes(passes: Sequence[PassResult]) -> PassResult:
     )
 
 
+def pearson_r(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation of paired samples; None where either side has no spread."""
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    if x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
 def median_ratio_interval(
     num: Sequence[float], den: Sequence[float], level: float = 0.9, draws: int = 4000
 ) -> tuple[float, float] | None:

@@ -3,13 +3,16 @@ group."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from kvtier.engines.vllm.processes import (
+    cpu_used,
     end_process_group,
     group_cpu_by_name,
     group_cpu_seconds,
@@ -23,17 +26,30 @@ SPIN = (
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_groups_cpu_seconds_count_its_children_and_stop_with_it():
-    proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+@contextlib.contextmanager
+def spinning_group(script: str) -> Iterator[subprocess.Popen]:
+    """A python leader running ``script`` in a new process group, ended with its group."""
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
-        first = group_cpu_seconds(proc.pid)
-        while group_cpu_seconds(proc.pid) < first + 0.3 and time.monotonic() < deadline:
-            time.sleep(0.1)  # the child spins: its CPU time is the group's
-        assert group_cpu_seconds(proc.pid) >= first + 0.3
+        yield proc
     finally:
         end_process_group(proc)
+
+
+def wait_for_cpu(read: Callable[[], float], seconds: float, timeout_s: float = 30) -> None:
+    """Poll ``read`` until it reaches ``seconds`` of CPU or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while read() < seconds and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_groups_cpu_seconds_count_its_children_and_stop_with_it():
+    with spinning_group(SPIN) as proc:
+        first = group_cpu_seconds(proc.pid)
+        # the child spins: its CPU time is the group's
+        wait_for_cpu(lambda: group_cpu_seconds(proc.pid), first + 0.3)
+        assert group_cpu_seconds(proc.pid) >= first + 0.3
     assert proc.poll() is not None
     assert group_cpu_seconds(proc.pid) == 0.0  # nothing of the group is left
     assert group_cpu_seconds(proc.pid, proc_root="/nonexistent") == 0.0
@@ -49,17 +65,18 @@ SPIN_BASH = (
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_groups_cpu_seconds_are_told_apart_by_process_name():
-    proc = subprocess.Popen([sys.executable, "-c", SPIN_BASH], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while group_cpu_by_name(proc.pid).get("bash", 0.0) < 0.3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with spinning_group(SPIN_BASH) as proc:
+        wait_for_cpu(lambda: group_cpu_by_name(proc.pid).get("bash", 0.0), 0.3)
         by_name = group_cpu_by_name(proc.pid)
         assert by_name["bash"] >= 0.3  # the spinning child, under its own name
         python = sum(v for k, v in by_name.items() if k != "bash")
         assert python < by_name["bash"]  # the sleeping leader used little
         assert sum(by_name.values()) == pytest.approx(group_cpu_seconds(proc.pid), abs=0.2)
-    finally:
-        end_process_group(proc)
     assert group_cpu_by_name(proc.pid) == {}
     assert group_cpu_by_name(proc.pid, proc_root="/nonexistent") == {}
+
+
+def test_cpu_used_is_the_difference_of_two_readings_by_name():
+    before = {"VLLM::EngineCor": 1.0, "VLLM::Worker": 10.0}
+    after = {"VLLM::EngineCor": 4.256, "VLLM::Worker": 12.5, "python": 0.3}
+    assert cpu_used(before, after) == {"VLLM::EngineCor": 3.26, "VLLM::Worker": 2.5, "python": 0.3}

@@ -61,10 +61,16 @@ def group_cpu_by_name(pgid: int, proc_root: str = "/proc") -> dict[str, float]:
     return {name: t / per_s for name, t in ticks.items()}
 
 
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process name used between two readings of :func:`group_cpu_by_name`
+    (a name absent before started meanwhile), to the hundredth."""
+    return {name: round(s - before.get(name, 0.0), 2) for name, s in after.items()}
+
+
 def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
     """CPU seconds (user + system) the live processes of process group ``pgid`` have used
     (0.0 where ``/proc`` cannot be read)."""
     return sum(group_cpu_by_name(pgid, proc_root).values())
 
 
-__all__ = ["end_process_group", "group_cpu_by_name", "group_cpu_seconds"]
+__all__ = ["cpu_used", "end_process_group", "group_cpu_by_name", "group_cpu_seconds"]

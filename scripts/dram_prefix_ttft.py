@@ -3,11 +3,12 @@ disk``, its disk tier alone) vs from vLLM's own prefix cache, on one server in o
 (alternating), with vLLM's OpenAI server.
 
     .venv/bin/python scripts/dram_prefix_ttft.py --prefix 8000 --rounds 3 [--from disk] [--json]
+        [--option sync_host=false]
 
 Each round: the request runs once with the prefix in vLLM's prefix cache (just computed), then
 vLLM's prefix cache is reset (``/reset_prefix_cache``) and the same request runs again, its prefix
-now loaded from kvtier's ``slab:///dev/shm`` tier (or the O_DIRECT disk ``slab://``). Prints
-both TTFTs and their ratio.
+now loaded from kvtier's ``slab:///dev/shm`` tier (or the O_DIRECT disk ``slab://``), each
+after the same second of quiet. Prints both TTFTs and their ratio.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+
+#: Seconds of quiet before each measured request. vLLM's engine-core and worker processes keep
+#: polling for about a second after their last work (a request, a cache reset), taking CPU from
+#: a forward that starts then; both requests of a round start after the same quiet.
+QUIET_S = 1.0
 
 
 def _post(url: str, body: dict | None = None) -> bytes:
@@ -53,6 +59,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--from", dest="source", choices=("dram", "disk"), default="dram")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a kvtier connector option, e.g. sync_host=false (repeatable)",
+    )
     args = ap.parse_args()
     folder, _, _ = embedded_model_folder()
     shm = Path(f"/dev/shm/kvtier-ttft-{uuid.uuid4().hex[:8]}")
@@ -60,7 +73,16 @@ def main() -> None:
     tiers = [f"slab://{disk}?size=2GiB"]
     if args.source == "dram":
         tiers.insert(0, f"slab://{shm}?size=1GiB")
-    connector = connector_config(tiers)
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--option {item!r}: write KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    connector = connector_config(tiers, **options)
     config = ServerConfig(
         folder,
         max_model_len=min(8192, args.prefix + 512),
@@ -76,9 +98,10 @@ def main() -> None:
                 prefix = rng.integers(1000, 40000, args.prefix).tolist()
                 prompt = prefix + rng.integers(1000, 40000, 64).tolist()
                 _ttft(base, model, prompt)  # computes it: vLLM caches it, kvtier stores it
-                time.sleep(1.0)  # the stores reach the tier
+                time.sleep(QUIET_S)  # the stores reach the tier; the server goes quiet
                 own.append(_ttft(base, model, prompt))
                 _post(f"{base}/reset_prefix_cache")
+                time.sleep(QUIET_S)  # the same quiet before the second request
                 kvtier.append(_ttft(base, model, prompt))
                 _post(f"{base}/reset_prefix_cache")
     finally:
@@ -90,6 +113,7 @@ def main() -> None:
         "kvtier_tier": args.source,
         "ttft_kvtier_tier_s": kvtier,
         "ratio_median": statistics.median(kvtier) / statistics.median(own),
+        "connector_options": options,
     }
     if args.json:
         print(json.dumps(out))

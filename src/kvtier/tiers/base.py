@@ -218,6 +218,11 @@ class Tier(ABC):
         behind it is allocated now); the bytes taken, 0 where there is nothing to do."""
         return 0
 
+    def warm_io(self, block_bytes: int, callers: int) -> None:  # noqa: B027 - optional hook
+        """Make the I/O buffers of ``callers`` concurrent readers or writers of blocks of
+        ``block_bytes`` now (when an engine starts), so that the first reads and writes do not
+        map and fault them in; nothing where a tier keeps no such buffers."""
+
     @property
     def io_profile(self) -> IOProfile | None:
         """How the tier does file I/O (None: not a tier on a local filesystem)."""

@@ -115,3 +115,15 @@ def test_the_host_memory_tier_takes_its_room_when_the_worker_opens_it(worker):
     slot_files = list(host.root.glob("*.slab"))
     assert sum(p.stat().st_size for p in slot_files) > 8 * 2**20 - 2 * side.chunk_bytes - 8192
     assert not list(disk.root.glob("*.slab"))  # a disk tier grows as it fills
+
+
+def test_the_tiers_rings_are_ready_for_a_chunk_when_the_worker_opens_them(worker):
+    side, _caches = worker
+    for tier in side.cache.tiers:
+        if tier.io.name != "uring":
+            pytest.skip("io_uring is not available here")
+        rings = list(tier.io._free)  # a synchronous load's two halves and the store, at least
+        assert len(rings) >= 3
+        for ring in rings:
+            staging = ring.short_slots.staging
+            assert staging._array is not None and staging.size >= side.chunk_bytes

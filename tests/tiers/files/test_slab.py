@@ -186,6 +186,28 @@ def test_blocks_staged_or_direct_round_trip_bit_exact(tmp_path: Path, budget: in
             assert check_payload(outs[i], sizes[i], keys[i]) == 1
 
 
+@URING
+def test_warm_io_maps_the_rings_staging_so_reads_and_writes_map_nothing(tmp_path: Path):
+    block = MiB + 100
+    with SlabTier(NS_A, tmp_path, 64 * MiB, io="uring", depth=2, staging=8 * MiB) as tier:
+        tier.warm_io(block, 2)
+        rings = list(tier.io._free)
+        assert len(rings) == 2
+        arrays = [ring.short_slots.staging._array for ring in rings]
+        assert all(a is not None and a.nbytes == 8 * MiB for a in arrays)  # four of 2 MiB
+        keys = [make_key(i) for i in range(6)]
+        assert all(tier.put_many(_items(keys, 1, [block] * 6)))
+        outs = [aligned_array(block) for _ in keys]
+        got = tier.get_many_into(keys, outs)
+        assert all(h is not None and not isinstance(h, Exception) for h in got)
+        for key, out in zip(keys, outs, strict=True):
+            assert check_payload(out, block, key) == 1
+        after = [ring.short_slots.staging._array for ring in tier.io._free]
+        assert all(any(a is b for b in arrays) for a in after)  # the warmed buffers served
+    with SlabTier(NS_A, tmp_path / "t", 64 * MiB, io="threads") as threads:
+        threads.warm_io(block, 2)  # no rings: nothing to warm, nothing fails
+
+
 WRITER = r"""
 import sys
 from kvtier.codec import BlockMeta

@@ -45,3 +45,18 @@ def test_a_payload_over_the_budget_or_a_zero_budget_is_never_staged():
     zero = Staging(count=4, budget=0)
     assert zero.take(0, 100) is None and zero.lent(0) is None
     assert Staging(count=4, budget=4 * MiB).take(0, 0) is None  # nothing to stage
+
+
+def test_prepare_maps_the_buffers_for_a_payload_size_before_the_first_take():
+    staging = Staging(count=4, budget=8 * MiB)
+    staging.prepare(MiB + 1)  # mapped and faulted in now: 2 MiB buffers, four fit
+    assert staging.size == 2 * MiB
+    mapped = staging._array
+    assert mapped is not None and mapped.nbytes == 8 * MiB
+    lent = [staging.take(slot, MiB + 1) for slot in range(4)]
+    assert all(b is not None for b in lent) and staging._array is mapped  # nothing re-mapped
+    for slot in range(4):
+        staging.give(slot)
+    staging.prepare(100)  # smaller payloads fit the buffers there
+    assert staging.size == 2 * MiB and staging._array is mapped
+    Staging(count=4, budget=0).prepare(100)  # no budget: nothing to map

@@ -59,11 +59,16 @@ def open_cache(
     ``chunk_bytes``. The worker takes the room of its tiers in host memory when it opens them
     (when the engine starts, as vLLM takes its KV pool), and writes it once: a tmpfs page is
     allocated and zeroed on its first write, and otherwise that would happen in the thread
-    that stores chunks, taking CPU from the forwards."""
+    that stores chunks, taking CPU from the forwards. Each half also gives its tiers the I/O
+    buffers of the threads that will read and write them (the worker: the two halves of a load
+    the engine waits for, or its background loads, and the store; the scheduler: the preloader),
+    so that no request's load waits while those are mapped."""
     n = len(config.tiers)
     if role == "scheduler":
+        callers = 1 if config.preload else 0
         opts = [TierOptions("through", promote=True)] + [TierOptions("none")] * (n - 1)
     else:
+        callers = max(2, config.load_workers) + 1
         rest = "back" if config.write == "back" else "through"
         opts = [TierOptions("through", promote=True)] + [TierOptions(rest)] * (n - 1)
     tiers = []
@@ -73,6 +78,7 @@ def open_cache(
             tiers.append(tier)
             if role == "worker" and in_host_memory(url):
                 tier.reserve(chunk_bytes, touch=True)
+            tier.warm_io(chunk_bytes, callers)
     except BaseException:
         for tier in tiers:
             tier.close()

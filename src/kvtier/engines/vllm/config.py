@@ -45,10 +45,10 @@ class ConnectorConfig:
     ``admit``: which new chunks are stored: ``always``; ``repeat``, only a chunk some earlier
     request's prompt also held (one-shot prompts cost nothing and displace nothing); ``auto``,
     every chunk while recent prompts repeat chunks of earlier ones, else as ``repeat``.
-    ``sync_host``: a request whose chunks all sit in the first tier (host memory) loads inside
-    the step that schedules it, before the forward, instead of waiting a step for an
-    asynchronous load. ``records``: a JSON-lines file with one line per request the connector
-    looked up.
+    ``sync_host``: a request whose chunks all sit in the first tier (host memory; with one disk
+    tier alone, that disk) loads inside the step that schedules it, before the forward, instead
+    of waiting a step for an asynchronous load. ``records``: a JSON-lines file with one line per
+    request the connector looked up.
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
     """

@@ -305,6 +305,21 @@ class FileTier(Tier):
             decodes=True,
         )
 
+    def warm_io(self, block_bytes: int, callers: int) -> None:
+        """Give ``callers`` io_uring rings their scratch slots and staging for blocks of
+        ``block_bytes`` now: mapping and faulting in a ring's huge-page staging takes a
+        noticeable pause, otherwise paid by the first read or write through each ring."""
+        io = self.io
+        if not isinstance(io, UringIO) or callers < 1 or block_bytes <= 0 or self.staging <= 0:
+            return
+        rings = [io.take_ring() for _ in range(callers)]
+        try:
+            for ring in rings:
+                _short.Slots.of(ring, io.depth, self.staging).staging.prepare(block_bytes)
+        finally:
+            for ring in rings:
+                io.give_ring(ring)
+
     @contextlib.contextmanager
     def _ring_slots(self) -> Iterator[_short.Slots]:
         """A ring of the io_uring backend and its scratch slots, for one batch."""

@@ -119,6 +119,11 @@ class Staging:
         self._lent[slot] = (b, buf)
         return buf
 
+    def prepare(self, nbytes: int) -> None:
+        """Map and fault in buffers for payloads of ``nbytes`` now, not on first use."""
+        if nbytes > self.size:
+            self._recut(nbytes)
+
     def lent(self, slot: int) -> np.ndarray | None:
         """The buffer lent to ``slot``, if any."""
         lent = self._lent.get(slot)

@@ -51,6 +51,7 @@ def _ttft(base: str, model: str, prompt: list[int]) -> float:
 
 
 def main() -> None:
+    from kvtier.bench.env import cpu_description
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
 
@@ -114,6 +115,7 @@ def main() -> None:
         "ttft_kvtier_tier_s": kvtier,
         "ratio_median": statistics.median(kvtier) / statistics.median(own),
         "connector_options": options,
+        "cpu": cpu_description(),
     }
     if args.json:
         print(json.dumps(out))

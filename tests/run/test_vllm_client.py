@@ -1,5 +1,5 @@
-"""The vLLM job's client without a server: stream chunks into a completion, metrics text into
-series, prompt hashes as the connector's records write them."""
+"""The vLLM job's client without a server: stream chunks into a completion, prompt hashes as
+the connector's records write them."""
 
 from __future__ import annotations
 
@@ -11,51 +11,9 @@ from kvtier.run.vllm_client import (
     CompletionStream,
     RequestError,
     completion_body,
-    metrics_delta,
-    parse_metrics,
     prompt_hash,
     read_chunk,
 )
-
-METRICS = """\
-# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
-# TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="/m"} 3968.0
-vllm:prefix_cache_hits_created{engine="0",model_name="/m"} 1.79e+09
-# HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.
-# TYPE vllm:prompt_tokens_by_source_total counter
-vllm:prompt_tokens_by_source_total{engine="0",model_name="/m",source="local_compute"} 4224.0
-vllm:prompt_tokens_by_source_total{engine="0",model_name="/m",source="local_cache_hit"} 3968.0
-# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
-# TYPE vllm:request_prefill_time_seconds histogram
-vllm:request_prefill_time_seconds_bucket{engine="0",le="1.0",model_name="/m"} 1.0
-vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="/m"} 2.0
-vllm:request_prefill_time_seconds_count{engine="0",model_name="/m"} 2.0
-vllm:request_prefill_time_seconds_sum{engine="0",model_name="/m"} 4.25
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="/m"} 0.0
-# HELP kvtier_hit_tokens_total prompt tokens kvtier held
-# TYPE kvtier_hit_tokens_total counter
-kvtier_hit_tokens_total{engine="0",model_name="/m",tier="dram"} 512.0
-"""
-
-
-def test_metrics_keep_the_series_of_interest_without_engine_labels():
-    m = parse_metrics(METRICS)
-    assert m["vllm:prefix_cache_hits_total"] == 3968.0
-    assert m["vllm:prompt_tokens_by_source_total{source=local_compute}"] == 4224.0
-    assert m["vllm:request_prefill_time_seconds_sum"] == 4.25
-    assert m["vllm:request_prefill_time_seconds_bucket{le=+Inf}"] == 2.0
-    assert m["kvtier_hit_tokens_total{tier=dram}"] == 512.0
-    assert not any(k.endswith("_created") for k in m)
-    assert "vllm:num_requests_running" not in m  # a gauge of the moment, not of a phase
-
-
-def test_metrics_delta_is_what_a_phase_added():
-    before = {"a": 1.0, "b": 5.0}
-    after = {"a": 4.0, "b": 5.0, "c": 2.0}
-    assert metrics_delta(before, after) == {"a": 3.0, "c": 2.0}
 
 
 def test_stream_chunks_make_a_completion():

@@ -4,11 +4,12 @@ series, scraped before and after, as the difference.
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from kvtier.engines.vllm.scrape import metrics_delta as delta
+from kvtier.engines.vllm.scrape import parse_metrics, scrape_metrics
 
 #: Series kept from a scrape: vLLM's token and cache counters, and every kvtier one.
 PREFIXES = (
@@ -20,47 +21,12 @@ PREFIXES = (
     "vllm:request_success",
     "kvtier_",
 )
-#: Labels that are the same on every series of one server.
-_DROPPED_LABELS = ("engine", "model_name")
-
-
-def parse_metrics(text: str, prefixes: tuple[str, ...] = PREFIXES) -> dict[str, float]:
-    """Prometheus text → ``{"name{label=value,…}": value}`` for the series named by
-    ``prefixes`` (``*_created`` timestamps and the per-server labels dropped)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if not name.startswith(prefixes) or name.endswith("_created"):
-                continue
-            labels = {k: v for k, v in sample.labels.items() if k not in _DROPPED_LABELS}
-            key = name
-            if labels:
-                key += "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
-            out[key] = out.get(key, 0.0) + float(sample.value)
-    return out
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
-    """The server's ``/metrics`` as :func:`parse_metrics` gives it ({} when unreadable)."""
-    try:
-        with urllib.request.urlopen(base_url + "/metrics", timeout=timeout_s) as r:
-            text = r.read().decode()
-    except (OSError, urllib.error.URLError):
-        return {}
-    return parse_metrics(text)
-
-
-def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """``after - before`` per series (a series new in ``after`` whole); zero changes left out."""
-    out = {}
-    for key, value in after.items():
-        change = value - before.get(key, 0.0)
-        if change:
-            out[key] = round(change, 6)
-    return out
+    """The server's cache and token series (:data:`PREFIXES`) as plain series ({} when
+    unreadable)."""
+    return scrape_metrics(base_url, timeout_s, PREFIXES)
 
 
 def _total(d: Mapping[str, float], name: str) -> float:

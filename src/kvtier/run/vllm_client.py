@@ -19,27 +19,13 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvtier.errors import KvtierError
-
-#: Label names dropped from scraped series (the same on every series of one server).
-_DROPPED_LABELS = ("engine", "model_name")
-#: Scraped series kept: vLLM's request, token and cache counters, and every kvtier one.
-METRIC_PREFIXES = (
-    "vllm:prefix_cache_",
-    "vllm:external_prefix_cache_",
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-    "vllm:num_preemptions",
-    "vllm:request_success",
-    "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds",
-    "vllm:request_queue_time_seconds",
-    "vllm:request_inference_time_seconds",
-    "vllm:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds",
-    "kvtier_",
-    "kvtier:",
+from kvtier.engines.vllm.scrape import (
+    METRIC_PREFIXES,
+    metrics_delta,
+    parse_metrics,
+    scrape_metrics,
 )
+from kvtier.errors import KvtierError
 
 
 class RequestError(KvtierError):
@@ -195,27 +181,6 @@ def complete_sync(
     return stream.done(time.perf_counter())
 
 
-def parse_metrics(text: str, prefixes: tuple[str, ...] = METRIC_PREFIXES) -> dict[str, float]:
-    """Prometheus text → ``{"name{label=value,…}": value}`` for the series named by ``prefixes``
-    (``*_created`` timestamps and the engine/model labels dropped)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if not name.startswith(prefixes) or name.endswith("_created"):
-                continue
-            labels = {k: v for k, v in sample.labels.items() if k not in _DROPPED_LABELS}
-            key = name + (
-                "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
-                if labels
-                else ""
-            )
-            out[key] = out.get(key, 0.0) + float(sample.value)
-    return out
-
-
 def metric_total(metrics: Mapping[str, float], name: str, **labels: str) -> float:
     """The sum of series ``name`` in :func:`parse_metrics`'s output over its label sets (those
     carrying every one of ``labels``); 0 when it is absent."""
@@ -226,25 +191,6 @@ def metric_total(metrics: Mapping[str, float], name: str, **labels: str) -> floa
         if base == name and want <= set(rest.rstrip("}").split(",") if rest else ()):
             total += value
     return total
-
-
-def scrape_metrics(base_url: str, timeout_s: float = 10) -> dict[str, float]:
-    """The server's ``/metrics`` as :func:`parse_metrics` gives it ({} when it cannot be read)."""
-    import httpx
-
-    try:
-        r = httpx.get(base_url + "/metrics", timeout=timeout_s)
-        r.raise_for_status()
-    except httpx.HTTPError:
-        return {}
-    return parse_metrics(r.text)
-
-
-def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """``after - before`` per series (counters and histogram sums/buckets; a new series whole)."""
-    return {
-        k: round(v - before.get(k, 0.0), 6) for k, v in after.items() if v - before.get(k, 0.0) != 0
-    }
 
 
 def served_model(base_url: str, timeout_s: float = 10) -> str:

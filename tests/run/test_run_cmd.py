@@ -52,6 +52,28 @@ def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile
     ]
 
 
+@pytest.mark.slow
+def test_run_without_json_prints_its_tables_and_saves_its_plots(
+    monkeypatch, capsys, tmp_path, tiny_profile
+):
+    plots = tmp_path / "plots"
+    code, out, err = kvtier(
+        monkeypatch,
+        capsys,
+        "run",
+        *TINY_ARGS,
+        "--profile",
+        str(tiny_profile),
+        "--disk-dir",
+        str(tmp_path / "disk"),
+        "--plot",
+        str(plots),
+    )
+    assert code == 0, err
+    assert not out.lstrip().startswith("{") and "dram" in out  # tables, tier by tier
+    assert err.count("plot saved to") == 3 and len(list(plots.iterdir())) == 3
+
+
 def test_bad_option_is_one_line_exit_2(monkeypatch, capsys):
     code, _, err = kvtier(monkeypatch, capsys, "run", "--chunk-tokens", "0")
     assert code == 2 and "chunk-tokens" in err and "Traceback" not in err

@@ -267,9 +267,7 @@ def run_command(
     dram_size = dram_size or HF_DEFAULTS["dram_size"]
     disk_size = disk_size or HF_DEFAULTS["disk_size"]
     max_new_tokens = HF_DEFAULTS["max_new_tokens"] if max_new_tokens is None else max_new_tokens
-    from rich.console import Console
 
-    from kvtier.cli.console import step_progress, table_console
     from kvtier.run.job import RunConfig, run_job, total_steps
 
     spec = WorkloadSpec(
@@ -307,26 +305,11 @@ def run_command(
         keep_disk=keep,
     )
     check_run(config, plot)  # before the model loads
-    err = Console(stderr=True)
-    with step_progress(err) as progress:
-        task = progress.add_task("kvtier run", total=total_steps(spec))
+    from kvtier.run.plot import write_plots
+    from kvtier.run.report import render
 
-        def step(label: str, done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total, description=label)
-
-        report = run_job(config, progress=step)
-    if json_out:
-        typer.echo(report.to_json())
-    else:
-        from kvtier.run.report import render
-
-        out = table_console()
-        render(report, out)
-    if plot is not None:
-        from kvtier.run.plot import write_plots
-
-        for path in write_plots(report, plot):
-            err.print(f"plot saved to {path}")
+    report = _with_progress(lambda step: run_job(config, progress=step), total_steps(spec))
+    _emit(report, json_out, render, write_plots, plot)
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -411,31 +394,45 @@ def check_vllm_run(config: VllmRunConfig, plot: Path | None = None) -> None:
         usable_directory(plot, "--plot", keep=False)
 
 
-def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
+def _with_progress(job, total: int | None):
+    """Run ``job(step)`` under a progress bar on stderr that ``step(label, done, total)``
+    moves; its result."""
     from rich.console import Console
 
-    from kvtier.cli.console import step_progress, table_console
-    from kvtier.run.vllm_job import run_vllm_job
-    from kvtier.run.vllm_report import render
+    from kvtier.cli.console import step_progress
 
-    err = Console(stderr=True)
-    with step_progress(err) as progress:
-        task = progress.add_task("kvtier run", total=None)
+    with step_progress(Console(stderr=True)) as progress:
+        task = progress.add_task("kvtier run", total=total)
 
         def step(label: str, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total, description=label)
 
-        report = run_vllm_job(config, progress=step)
+        return job(step)
+
+
+def _emit(report, json_out: bool, render, write_plots, plot: Path | None) -> None:
+    """Print a run's report (JSON on stdout, or ``render``'s tables) and save its plots."""
+    from rich.console import Console
+
+    from kvtier.cli.console import table_console
+
     if json_out:
         typer.echo(report.to_json())
     else:
-        out = table_console()
-        render(report, out)
+        render(report, table_console())
     if plot is not None:
-        from kvtier.run.vllm_plot import write_plots
-
+        err = Console(stderr=True)
         for path in write_plots(report, plot):
             err.print(f"plot saved to {path}")
+
+
+def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
+    from kvtier.run.vllm_job import run_vllm_job
+    from kvtier.run.vllm_plot import write_plots
+    from kvtier.run.vllm_report import render
+
+    report = _with_progress(lambda step: run_vllm_job(config, progress=step), None)
+    _emit(report, json_out, render, write_plots, plot)
     if report.failed:
         for failure in report.failed:
             typer.secho(f"error: {failure}", err=True, fg=typer.colors.RED)

@@ -51,9 +51,9 @@ def _ttft(base: str, model: str, prompt: list[int]) -> float:
 
 
 def main() -> None:
-    from kvtier.bench.env import cpu_description
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
+    from kvtier.specs.host import cpu_description
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prefix", type=int, default=8000)

@@ -29,6 +29,7 @@ import numpy as np
 from kvtier.codec import get_codec
 from kvtier.codec.zstd_frames import zstd_compress, zstd_decompress
 from kvtier.errors import ConfigError, MissingExtraError
+from kvtier.specs.host import cpu_model
 
 Encode = Callable[[memoryview, str, tuple[int, ...]], bytes]
 Decode = Callable[[bytes, int, str, tuple[int, ...]], bytes | bytearray | np.ndarray]
@@ -334,20 +335,6 @@ def measure_all(
     return out
 
 
-def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo), or the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
-
-
 def run_codec_bench(
     config: CodecBenchConfig,
     on_step: Callable[[str], None] | None = None,
@@ -365,7 +352,7 @@ def run_codec_bench(
         if on_step:
             on_step(f"{len(run)} methods on {name}")
         results.extend(measure_all(name, blocks, run, config.threads, config.repeats))
-    return CodecReport(asdict(config), cpu_name(), os.cpu_count() or 1, results, os.getloadavg())
+    return CodecReport(asdict(config), cpu_model(), os.cpu_count() or 1, results, os.getloadavg())
 
 
 def steps(config: CodecBenchConfig) -> int:

@@ -8,6 +8,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvtier.specs.host import cpu_description
+
 ALIGN = 4096
 
 
@@ -67,27 +69,6 @@ def drop_caches() -> bool:
     except OSError:
         return False
     return True
-
-
-_CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def cpu_description() -> str:
-    """This host's CPU model and the vector extensions it has, e.g. ``Xeon … (avx2,
-    avx512f, avx512_bf16)``, from ``/proc/cpuinfo`` (the platform's name elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model, flags = "", set()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "model name" and not model:
-            model = value.strip()
-        elif name.strip() == "flags" and not flags:
-            flags = set(value.split())
-    have = [f for f in _CPU_FEATURES if f in flags]
-    return f"{model or platform.machine()} ({', '.join(have) or 'no AVX2'})"
 
 
 @dataclass(frozen=True)

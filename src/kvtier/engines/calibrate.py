@@ -33,6 +33,7 @@ from kvtier.cost.calibration import (
 from kvtier.engines.hf import forward_keywords
 from kvtier.engines.kv_layout import HostStaging, KVBuffer, KVLayout, chunks_to_kv
 from kvtier.errors import ConfigError
+from kvtier.specs.host import cpu_model
 
 #: progress(stage, done, total): called as each measurement finishes.
 Progress = Callable[[str, int, int], None]
@@ -253,7 +254,7 @@ def host_info(device: torch.device) -> dict[str, object]:
 
     info: dict[str, object] = {
         "machine": platform.machine(),
-        "processor": _cpu_name(),
+        "processor": cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -263,17 +264,6 @@ def host_info(device: torch.device) -> dict[str, object]:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def calibrate(

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvtier.bench.env import cpu_description
 from kvtier.engines.embedded import embedded_model_folder
 from kvtier.engines.vllm.dtype import engine_dtype, short_name
 from kvtier.engines.vllm.server import (
@@ -61,6 +60,7 @@ from kvtier.run.vllm_sizing import (
     size_workload,
     tier_bytes,
 )
+from kvtier.specs.host import cpu_description
 from kvtier.specs.model import model_from_hf_config
 from kvtier.workloads.longctx import LongContextSpec, Session, build_sessions
 

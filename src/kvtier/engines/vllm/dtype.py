@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtier.errors import ConfigError
+from kvtier.specs.host import CPUINFO, read_cpu
 
 #: Names a user may give → vLLM's ``--dtype`` names.
 ENGINE_DTYPES = {
@@ -30,21 +31,14 @@ SHORT_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+def native_bf16(cpuinfo: Path = CPUINFO) -> bool:
     """Whether this CPU computes bf16 natively (true where the flags cannot be read, so that an
     unknown CPU keeps vLLM's usual bf16)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return True
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-    return not flags or any(flag in flags for flag in BF16_FLAGS)
+    cpu = read_cpu(cpuinfo)
+    return cpu is None or not cpu.flags or any(flag in cpu.flags for flag in BF16_FLAGS)
 
 
-def engine_dtype(choice: str = "auto", cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def engine_dtype(choice: str = "auto", cpuinfo: Path = CPUINFO) -> str:
     """vLLM's ``--dtype`` for ``choice`` (``auto``: bf16 where native, else fp32)."""
     name = choice.strip().lower()
     if name == "auto":

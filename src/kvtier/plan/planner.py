@@ -32,6 +32,7 @@ from kvtier.cost import Comparison, CostModel, RooflineCompute, TransferPath
 from kvtier.cost.compute import DEFAULT_MBU, DEFAULT_MFU
 from kvtier.errors import ConfigError, SpecError
 from kvtier.specs.hardware import GPU, Link, Storage
+from kvtier.specs.jsonout import finite
 from kvtier.specs.model import ModelSpec
 
 NvmeWrites = Literal["spill", "through"]
@@ -180,17 +181,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         """Plain dicts/lists/numbers (no infinities) for ``--json``."""
-        return _finite(asdict(self))
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+        return finite(asdict(self))
 
 
 def gb(n: float | None) -> str:

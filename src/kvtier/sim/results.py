@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from kvtier.specs.jsonout import finite
 
 if TYPE_CHECKING:
     from kvtier.sim.simulator import Simulator
@@ -74,7 +75,7 @@ class SimResult:
         out: dict[str, Any] = {"config": self.config, "summary": self.summary, "run": self.run}
         if records:
             out["requests"] = [asdict(r) for r in self.records]
-        return _finite(out)
+        return finite(out)
 
     def records_csv(self) -> str:
         """The per-request records as CSV (hit tokens as ``hit_<tier>`` columns)."""
@@ -87,16 +88,6 @@ class SimResult:
             row = asdict(r)
             writer.writerow([row[n] for n in names] + [r.hit_tokens.get(t, 0) for t in tiers])
         return buf.getvalue()
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _record(r) -> RequestRecord:

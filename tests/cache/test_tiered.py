@@ -117,6 +117,7 @@ def test_lookup_of_512_chunks_over_memory_and_disk(memory_tier, disk_tier, make_
     assert isinstance(timing, LookupTiming)
     assert timing.chunks == 512 and timing.hit_chunks == 400
     assert 0 < timing.min_s <= timing.median_s <= timing.p99_s
+    assert len(timing.samples_s) == 5 and min(timing.samples_s) == timing.min_s
     tiers = cache.metrics.as_dict()["tiers"]
     assert tiers["memory"]["hits"] >= 300 and tiers["disk"]["hits"] >= 100
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,7 +28,7 @@ def measure_lookup(
     Every faster tier is asked first and misses, so this is the longest walk a hit can take.
     The blocks are deleted afterwards.
     """
-    from kvtier.cache import CacheConfig, TieredCache
+    from kvtier.cache import CacheConfig, TieredCache, time_lookup
 
     keyer = ChunkKeyer(namespace, chunk_tokens)
     tokens = np.random.default_rng(0).integers(0, 32000, chunks * chunk_tokens)
@@ -39,15 +38,7 @@ def measure_lookup(
     stored = slowest.put_many([(k, payload, RAW_META) for k in keys])
     cache = TieredCache(tiers, CacheConfig(chunk_tokens=chunk_tokens))
     try:
-        for _ in range(warmup):
-            cache.lookup(keys)
-        samples = []
-        hit = 0
-        for _ in range(repeats):
-            start = time.perf_counter()
-            result = cache.lookup(keys)
-            samples.append(time.perf_counter() - start)
-            hit = result.hit_chunks
+        timing = time_lookup(cache, keys, repeats, warmup)
     finally:
         cache.close()
         slowest.delete_many([k for k, ok in zip(keys, stored, strict=True) if ok])
@@ -55,6 +46,6 @@ def measure_lookup(
         chunks=chunks,
         tokens=chunks * chunk_tokens,
         tiers=tuple(t.name for t in tiers),
-        hit_chunks=hit,
-        latency=LatencyStats.from_samples(samples),
+        hit_chunks=timing.hit_chunks,
+        latency=LatencyStats.from_samples(timing.samples_s),
     )

@@ -20,6 +20,7 @@ class LookupTiming:
     median_s: float
     p99_s: float
     min_s: float
+    samples_s: tuple[float, ...] = ()  # every call's seconds, in call order
 
 
 def time_lookup(
@@ -36,6 +37,8 @@ def time_lookup(
         result = cache.lookup(keys)
         times.append(time.perf_counter() - start)
         hit = result.hit_chunks
-    times.sort()
-    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-    return LookupTiming(len(keys), repeats, hit, statistics.median(times), p99, times[0])
+    ranked = sorted(times)
+    p99 = ranked[min(len(ranked) - 1, int(0.99 * len(ranked)))]
+    return LookupTiming(
+        len(keys), repeats, hit, statistics.median(ranked), p99, ranked[0], tuple(times)
+    )

@@ -22,8 +22,9 @@ TINY_ARGS = (
 kvtier = partial(run_cli, app)
 
 
-@pytest.mark.slow
-def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile):
+def _tiny_run(monkeypatch, capsys, tmp_path, tiny_profile, *extra):
+    """``kvtier run`` on the tiny workload with plots into ``tmp_path/plots``: (code, out, err,
+    plots folder)."""
     plots = tmp_path / "plots"
     code, out, err = kvtier(
         monkeypatch,
@@ -34,10 +35,16 @@ def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile
         str(tiny_profile),
         "--disk-dir",
         str(tmp_path / "disk"),
-        "--json",
+        *extra,
         "--plot",
         str(plots),
     )
+    return code, out, err, plots
+
+
+@pytest.mark.slow
+def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile):
+    code, out, err, plots = _tiny_run(monkeypatch, capsys, tmp_path, tiny_profile, "--json")
     assert code == 0, err
     doc = json.loads(out)  # stdout holds the JSON document only
     s = doc["summary"]
@@ -56,19 +63,7 @@ def test_run_json_on_a_tiny_workload(monkeypatch, capsys, tmp_path, tiny_profile
 def test_run_without_json_prints_its_tables_and_saves_its_plots(
     monkeypatch, capsys, tmp_path, tiny_profile
 ):
-    plots = tmp_path / "plots"
-    code, out, err = kvtier(
-        monkeypatch,
-        capsys,
-        "run",
-        *TINY_ARGS,
-        "--profile",
-        str(tiny_profile),
-        "--disk-dir",
-        str(tmp_path / "disk"),
-        "--plot",
-        str(plots),
-    )
+    code, out, err, plots = _tiny_run(monkeypatch, capsys, tmp_path, tiny_profile)
     assert code == 0, err
     assert not out.lstrip().startswith("{") and "dram" in out  # tables, tier by tier
     assert err.count("plot saved to") == 3 and len(list(plots.iterdir())) == 3

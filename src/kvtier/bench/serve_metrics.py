@@ -8,19 +8,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvtier.engines.vllm.scrape import CACHE_PREFIXES, parse_metrics, scrape_metrics
 from kvtier.engines.vllm.scrape import metrics_delta as delta
-from kvtier.engines.vllm.scrape import parse_metrics, scrape_metrics
 
 #: Series kept from a scrape: vLLM's token and cache counters, and every kvtier one.
-PREFIXES = (
-    "vllm:prefix_cache_",
-    "vllm:external_prefix_cache_",
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-    "vllm:num_preemptions",
-    "vllm:request_success",
-    "kvtier_",
-)
+PREFIXES = CACHE_PREFIXES
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:

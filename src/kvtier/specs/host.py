@@ -40,8 +40,7 @@ def read_cpu(cpuinfo: Path = CPUINFO) -> HostCPU | None:
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str:
     """The CPU's model name, else the platform's processor or machine string."""
-    cpu = read_cpu(cpuinfo)
-    return (cpu.model if cpu else "") or platform.processor() or platform.machine() or "unknown"
+    return _model(read_cpu(cpuinfo))
 
 
 def cpu_description(cpuinfo: Path = CPUINFO) -> str:
@@ -49,9 +48,13 @@ def cpu_description(cpuinfo: Path = CPUINFO) -> str:
     avx512_bf16)``; the extensions are left out where the flags cannot be read."""
     cpu = read_cpu(cpuinfo)
     if cpu is None or not cpu.flags:
-        return cpu_model(cpuinfo)
+        return _model(cpu)
     have = [f for f in SPEED_FLAGS if f in cpu.flags]
-    return f"{cpu_model(cpuinfo)} ({', '.join(have) or 'no AVX2'})"
+    return f"{_model(cpu)} ({', '.join(have) or 'no AVX2'})"
+
+
+def _model(cpu: HostCPU | None) -> str:
+    return (cpu.model if cpu else "") or platform.processor() or platform.machine() or "unknown"
 
 
 __all__ = ["CPUINFO", "SPEED_FLAGS", "HostCPU", "cpu_description", "cpu_model", "read_cpu"]

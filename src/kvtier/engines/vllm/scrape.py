@@ -14,21 +14,25 @@ from collections.abc import Mapping
 
 #: Label names dropped from scraped series (the same on every series of one server).
 DROPPED_LABELS = ("engine", "model_name")
-#: Series kept by default: vLLM's request, token, cache and timing series, and every kvtier one.
-METRIC_PREFIXES = (
+#: vLLM's token and cache counters and every kvtier counter: what a run did to the caches.
+CACHE_PREFIXES = (
     "vllm:prefix_cache_",
     "vllm:external_prefix_cache_",
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
     "vllm:num_preemptions",
     "vllm:request_success",
+    "kvtier_",
+)
+#: Series kept by default: the cache series, vLLM's per-request timings and kvtier's own.
+METRIC_PREFIXES = (
+    *CACHE_PREFIXES,
     "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds",
     "vllm:request_queue_time_seconds",
     "vllm:request_inference_time_seconds",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
-    "kvtier_",
     "kvtier:",
 )
 
@@ -75,4 +79,11 @@ def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> di
     return out
 
 
-__all__ = ["DROPPED_LABELS", "METRIC_PREFIXES", "metrics_delta", "parse_metrics", "scrape_metrics"]
+__all__ = [
+    "CACHE_PREFIXES",
+    "DROPPED_LABELS",
+    "METRIC_PREFIXES",
+    "metrics_delta",
+    "parse_metrics",
+    "scrape_metrics",
+]

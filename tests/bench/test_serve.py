@@ -618,6 +618,35 @@ def test_one_round_runs_on_each_server_before_it_stops(monkeypatch, tmp_path):
     ]
 
 
+def test_sessions_runs_send_fresh_chats_from_a_file_per_concurrency(monkeypatch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from kvtier.engines.embedded import embedded_model_folder
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(embedded_model_folder()[0])
+    prefix = PrefixWorkload(256, 32, 2, 4, 4, sessions=True)
+    config = ServeBenchConfig(systems=("kvtier",), concurrency=(1, 2), prefix=prefix, random=None)
+    bench, log, _ = _fake_bench(monkeypatch, tmp_path, config, fail=None)
+    tokenizer.save_pretrained(tmp_path / "model")  # the fake model folder gets the real one
+    bench.run()
+    assert log == [
+        ("start", "kvtier"),
+        ("sessions", "kvtier", 1, 0),
+        ("sessions", "kvtier", 2, 1),
+        ("stop", "kvtier"),
+    ]
+    files = []
+    for seed in (0, 1):
+        args, prompts = bench.dataset_args("sessions", seed)
+        assert prompts == 4 and _flag(list(args), "--dataset-name") == "custom"
+        path = Path(_flag(list(args), "--dataset-path"))
+        assert path.parent == bench.run_dir / "datasets"
+        files.append([json.loads(line)["prompt"] for line in path.read_text().splitlines()])
+    assert [len(f) for f in files] == [4, 4] and files[0] != files[1]
+    assert files[0][2].startswith(files[0][0])  # session 0's second turn follows its first
+    with pytest.raises(ValueError, match="no 'random' dataset"):
+        bench.dataset_args("random", 0)
+
+
 def test_a_failed_partner_leaves_the_other_its_rounds(monkeypatch, tmp_path):
     config = ServeBenchConfig(
         systems=("vllm", "kvtier"), concurrency=(1,), random=RandomWorkload(repeats=3)
@@ -692,6 +721,8 @@ kvtier = partial(run_cli, app)
         (["--dram-size", "lots"], "lots"),
         (["--target", "--max-model-len", "2048"], "--max-model-len 2048"),
         (["--dir", "/proc/kvtier-nope"], "--dir"),
+        (["--sessions", "--num-prompts", "18"], "multiple of --num-prefixes"),
+        (["--sessions", "--concurrency", "1,8"], "at most --num-prefixes (4)"),
     ],
 )
 def test_bad_input_is_refused_before_any_server(monkeypatch, capsys, tmp_path, args, message):

@@ -3,13 +3,15 @@ measured by vLLM's own benchmark client, unmodified.
 
 Every system gets its own vLLM OpenAI server on the same KV pool (``--num-gpu-blocks-override``
 of 128-token blocks, ``--enforce-eager``, the embedded model in the dtype the CPU computes
-fastest: bf16 where native, else fp32), warmed with two cold
-prompts, then one ``prefix_repetition`` client run per concurrency (each concurrency its own
-seed, the same for every system: the same prompts, fresh prefixes) and ``/metrics`` scraped
-around each run. The no-reuse check runs the ``random`` dataset on vLLM alone and on kvtier;
-with ``repeats`` ≥ 3 both servers stay up and the runs alternate between them (the order flips
-each round), a fresh seed per round. Ratios are taken against vLLM alone measured in the same
-run; the issue's thresholds are printed next to them, never assumed.
+fastest: bf16 where native, else fp32), warmed with two cold prompts, then one
+``prefix_repetition`` client run per concurrency (each concurrency its own seed, the same for
+every system: the same prompts, fresh prefixes) and ``/metrics`` scraped around each run. With
+``sessions`` the reuse runs send multi-turn chats instead, from a file of prompts per seed
+(:mod:`kvtier.bench.serve_sessions`) through the client's ``custom`` dataset. The no-reuse check
+runs the ``random`` dataset on vLLM alone and on kvtier; with ``repeats`` ≥ 3 both servers stay
+up and the runs alternate between them (the order flips each round), a fresh seed per round.
+Ratios are taken against vLLM alone measured in the same run; the issue's thresholds are
+printed next to them, never assumed.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class ServeBench:
         # absolute: the tiers' URLs are built from it (slab://relative would name a host)
         self.run_dir = config.work_dir.absolute() / f"serve-{self.run_id}"
         self._live: dict[str, VllmServer] = {}  # the servers up now, by system
+        self._datasets: dict[int, Path] = {}  # the sessions' prompt files, by seed
 
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
@@ -187,6 +190,8 @@ class ServeBench:
         }
         report = ServeReport(c, [], [], env, tiers)
         vocab = _vocab_range(folder)
+        if c.prefix.sessions:
+            self._write_sessions(folder, vocab)
         held: dict[str, VllmServer] = {}
         alternate = c.alternating()
         with contextlib.ExitStack() as stack:
@@ -273,14 +278,13 @@ class ServeBench:
     def _prefix_runs(
         self, client: ClientWorker, server: VllmServer, system: str, report: ServeReport
     ) -> bool:
-        """The prefix_repetition run at each concurrency; False once the client failed."""
+        """The reuse run at each concurrency; False once the client failed."""
         c = self.config
+        dataset = c.prefix.dataset
         try:
             for i, conc in enumerate(c.concurrency):
-                self.on_step(f"{system}: prefix_repetition, concurrency {conc}")
-                self._client_run(
-                    client, server, system, "prefix_repetition", conc, c.seed + i, 0, report
-                )
+                self.on_step(f"{system}: {dataset}, concurrency {conc}")
+                self._client_run(client, server, system, dataset, conc, c.seed + i, 0, report)
         except ClientError as exc:
             self._failed(report, system, exc)
             return False
@@ -289,8 +293,31 @@ class ServeBench:
             raise
         return True
 
+    def _write_sessions(self, folder: Path, vocab: tuple[int, int]) -> None:
+        """The sessions' prompt file of each concurrency's seed (fresh chats for each run)."""
+        from transformers import AutoTokenizer
+
+        from kvtier.bench.serve_sessions import session_prompts, write_dataset
+
+        p = self.config.prefix
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        for i in range(len(self.config.concurrency)):
+            seed = self.config.seed + i
+            prompts = session_prompts(
+                tokenizer,
+                p.num_prefixes,
+                p.prompts_per_prefix,
+                p.prefix_tokens + p.suffix_tokens,
+                p.suffix_tokens,
+                p.output_tokens,
+                seed,
+                vocab,
+            )
+            path = self.run_dir / "datasets" / f"sessions-{seed}.jsonl"
+            self._datasets[seed] = write_dataset(path, prompts, p.output_tokens)
+
     def _warm(self, server: VllmServer, vocab: tuple[int, int]) -> WarmUp:
-        """A short primer, then one cold prompt as long as a prefix_repetition prompt."""
+        """A short primer, then one cold prompt as long as a reuse run's first prompt."""
         p = self.config.prefix
         rng = np.random.default_rng([self.config.seed, 7919])
         began = time.perf_counter()
@@ -300,6 +327,15 @@ class ServeBench:
             prompt = [int(t) for t in rng.integers(vocab[0], vocab[1], n)]
             timings.append(post_completion(server.base_url, server.model_name, prompt, 600))
         return WarmUp(time.perf_counter() - began, cold, timings[-1])
+
+    def dataset_args(self, dataset: str, seed: int) -> tuple[tuple[str, ...], int]:
+        """The client's dataset options and prompt count for a run of ``dataset`` at ``seed``."""
+        c = self.config
+        if dataset == c.prefix.dataset:
+            return c.prefix.client_args(self._datasets.get(seed)), c.prefix.prompts
+        if dataset != "random" or c.random is None:
+            raise ValueError(f"this run has no {dataset!r} dataset")
+        return c.random.client_args(), c.random.prompts
 
     def _client_run(
         self,
@@ -313,11 +349,7 @@ class ServeBench:
         report: ServeReport,
     ) -> None:
         c = self.config
-        if dataset == "prefix_repetition":
-            args, prompts = c.prefix.client_args(), c.prefix.prompts
-        else:
-            assert c.random is not None
-            args, prompts = c.random.client_args(), c.random.prompts
+        args, prompts = self.dataset_args(dataset, seed)
         name = f"{system}-{dataset}-c{concurrency}-r{round_}.json"
         run = ClientRun(
             server.base_url,

@@ -115,6 +115,21 @@ def prefix_repetition_args(
     )
 
 
+def sessions_args(dataset_file: Path, output_tokens: int) -> tuple[str, ...]:
+    """vLLM's ``custom`` dataset over a file of prompts already rendered as chats
+    (:mod:`kvtier.bench.serve_sessions`), sent in the file's order."""
+    return (
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(dataset_file),
+        "--disable-shuffle",
+        "--skip-chat-template",
+        "--custom-output-len",
+        str(output_tokens),
+    )
+
+
 def random_args(input_tokens: int, output_tokens: int) -> tuple[str, ...]:
     """The ``random`` dataset at fixed lengths: prompts that share nothing."""
     return (
@@ -337,4 +352,5 @@ __all__ = [
     "ClientWorker",
     "prefix_repetition_args",
     "random_args",
+    "sessions_args",
 ]

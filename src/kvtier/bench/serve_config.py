@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench.serve_client import prefix_repetition_args, random_args
+from kvtier.bench.serve_client import prefix_repetition_args, random_args, sessions_args
 from kvtier.engines.vllm.server import BLOCK_TOKENS, min_pool_blocks
 from kvtier.errors import ConfigError
 
@@ -34,17 +34,33 @@ TARGET_PROMPTS_PER_PREFIX = 4
 TARGET_PREFIX_TOKENS = 4096
 TARGET_PROMPTS = 48
 TARGET_CONCURRENCY = (1, 4, 8)
+#: Room a chat template takes: its system turn and generation prompt, then each message's markers.
+CHAT_TEMPLATE_TOKENS = 64
+CHAT_MESSAGE_TOKENS = 8
 
 
 @dataclass(frozen=True)
 class PrefixWorkload:
-    """The ``prefix_repetition`` dataset: ``prompts`` over ``num_prefixes`` shared prefixes."""
+    """The reuse workload: ``prompts`` over ``num_prefixes`` shared prefixes.
+
+    By default vLLM's ``prefix_repetition`` dataset (each prompt a prefix and a random suffix of
+    ``suffix_tokens``, shuffled). With ``sessions``, multi-turn chats instead
+    (:mod:`kvtier.bench.serve_sessions`): ``num_prefixes`` sessions of ``prompts_per_prefix``
+    turns, the first user message of ``prefix_tokens + suffix_tokens`` tokens, each later turn
+    adding an answer of ``output_tokens`` and a user message of ``suffix_tokens``.
+    """
 
     prefix_tokens: int = 2048
     suffix_tokens: int = 64
     num_prefixes: int = 4
     prompts: int = 16
     output_tokens: int = 4
+    sessions: bool = False
+
+    @property
+    def dataset(self) -> str:
+        """The name its runs go by."""
+        return "sessions" if self.sessions else "prefix_repetition"
 
     @property
     def prompts_per_prefix(self) -> int:
@@ -57,9 +73,20 @@ class PrefixWorkload:
 
     @property
     def request_tokens(self) -> int:
-        return self.prefix_tokens + self.suffix_tokens + self.output_tokens
+        """Tokens of the longest request with its answer (a session's last turn, with room for
+        the chat template's markers)."""
+        if not self.sessions:
+            return self.prefix_tokens + self.suffix_tokens + self.output_tokens
+        turns = self.prompts_per_prefix
+        markers = CHAT_TEMPLATE_TOKENS + 2 * turns * CHAT_MESSAGE_TOKENS
+        return self.prefix_tokens + turns * (self.suffix_tokens + self.output_tokens) + markers
 
-    def client_args(self) -> tuple[str, ...]:
+    def client_args(self, dataset_file: Path | None = None) -> tuple[str, ...]:
+        """The client's dataset options (``dataset_file``: the sessions' prompts)."""
+        if self.sessions:
+            if dataset_file is None:
+                raise ValueError("a sessions workload is sent from a dataset file")
+            return sessions_args(dataset_file, self.output_tokens)
         return prefix_repetition_args(
             self.prefix_tokens, self.suffix_tokens, self.num_prefixes, self.output_tokens
         )
@@ -161,6 +188,16 @@ class ServeBenchConfig:
                 f"--num-prompts {p.prompts} gives no prompt to some of the "
                 f"{p.num_prefixes} prefixes; give at least --num-prefixes prompts"
             )
+        if p.sessions and p.prompts % p.num_prefixes:
+            raise ConfigError(
+                f"--num-prompts {p.prompts} does not give each of the {p.num_prefixes} sessions "
+                "the same number of turns; give a multiple of --num-prefixes"
+            )
+        if p.sessions and max(self.concurrency) > p.num_prefixes:
+            raise ConfigError(
+                f"--concurrency {max(self.concurrency)} could send a session's next turn before "
+                f"its previous one ends; give at most --num-prefixes ({p.num_prefixes})"
+            )
         r = self.random
         if r is not None:
             for name, value in (
@@ -250,7 +287,8 @@ class ServeBenchConfig:
         p = self.prefix
         gaps = []
         if p.prompts_per_prefix < TARGET_PROMPTS_PER_PREFIX:
-            gaps.append(f"{p.prompts_per_prefix} prompts per prefix < {TARGET_PROMPTS_PER_PREFIX}")
+            per = "turns per session" if p.sessions else "prompts per prefix"
+            gaps.append(f"{p.prompts_per_prefix} {per} < {TARGET_PROMPTS_PER_PREFIX}")
         if p.prefix_tokens < TARGET_PREFIX_TOKENS:
             gaps.append(f"prefix {p.prefix_tokens} < {TARGET_PREFIX_TOKENS} tokens")
         if p.prefix_blocks <= self.pool():
@@ -284,7 +322,8 @@ def tier_sizes(config: ServeBenchConfig, kv_bytes_per_token: int) -> tuple[int, 
     whole run stores (every concurrency's prompts and the random rounds), 256 MiB at least.
     """
     p = config.prefix
-    level = (p.num_prefixes * p.prefix_tokens + p.prompts * p.suffix_tokens) * kv_bytes_per_token
+    new = p.suffix_tokens + (p.output_tokens if p.sessions else 0)  # a turn stores its answer
+    level = (p.num_prefixes * p.prefix_tokens + p.prompts * new) * kv_bytes_per_token
     total = level * len(config.concurrency)
     if config.random is not None:
         r = config.random

@@ -45,10 +45,20 @@ def prefix_table(report: ServeReport) -> Table:
     """One row per concurrency and system: the client's TTFT and throughput, the caches."""
     p = report.config.prefix
     tiers = report.tiers
+    if p.sessions:
+        shape = (
+            f"sessions: {p.num_prefixes} chats × {p.prompts_per_prefix} turns, first message "
+            f"{p.prefix_tokens + p.suffix_tokens} tokens, then {p.output_tokens}-token answer + "
+            f"{p.suffix_tokens}-token message a turn; "
+        )
+    else:
+        shape = (
+            f"prefix_repetition: {p.num_prefixes} prefixes × {p.prompts_per_prefix} prompts, "
+            f"prefix {p.prefix_tokens} + suffix {p.suffix_tokens} tokens, {p.output_tokens} out; "
+        )
     title = (
-        f"prefix_repetition: {p.num_prefixes} prefixes × {p.prompts_per_prefix} prompts, "
-        f"prefix {p.prefix_tokens} + suffix {p.suffix_tokens} tokens, {p.output_tokens} out; "
-        f"vLLM pool {tiers.get('pool_blocks')} blocks ({tiers.get('pool_tokens')} tokens) vs "
+        shape
+        + f"vLLM pool {tiers.get('pool_blocks')} blocks ({tiers.get('pool_tokens')} tokens) vs "
         f"prefixes {p.prefix_blocks} blocks; TTFT in ms (vLLM's client); load: 1-minute load "
         "average at the run's start → end"
     )
@@ -250,7 +260,7 @@ def serve_plot(report: ServeReport, path: Path) -> Path:
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(levels))])
     ax.set_xticklabels([f"concurrency {c}" for c in levels])
     ax.set_ylabel("TTFT p50 (bars), p99 (ticks), s")
-    ax.set_title("prefix_repetition: time to first token")
+    ax.set_title(f"{report.config.prefix.dataset}: time to first token")
     ax.legend()
     if has_random:
         ax2 = axes[1]

@@ -160,7 +160,7 @@ class ServeReport:
 
     def prefix_run(self, system: str, concurrency: int) -> RunResult | None:
         for run in self.runs:
-            if run.dataset == "prefix_repetition" and (run.system, run.concurrency) == (
+            if run.dataset != "random" and (run.system, run.concurrency) == (
                 system,
                 concurrency,
             ):
@@ -184,7 +184,7 @@ class ServeReport:
         ttfts = [
             t
             for run in self.runs
-            if run.dataset == "prefix_repetition" and run.concurrency == concurrency
+            if run.dataset != "random" and run.concurrency == concurrency
             for t in run.client.ttfts_s
         ]
         return min(ttfts) * 1e3 if ttfts else None
@@ -400,7 +400,7 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 def iter_prefix_runs(report: ServeReport) -> Iterator[RunResult]:
     """The prefix runs by concurrency, then system order."""
     order = {s: i for i, s in enumerate(SYSTEMS)}
-    runs = [r for r in report.runs if r.dataset == "prefix_repetition"]
+    runs = [r for r in report.runs if r.dataset != "random"]
     yield from sorted(runs, key=lambda r: (r.concurrency, order[r.system]))
 
 

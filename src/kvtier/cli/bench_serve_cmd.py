@@ -76,11 +76,25 @@ def serve(
     suffix_len: Annotated[
         int | None, typer.Option(help="Tokens after the prefix in each prompt [64].")
     ] = None,
-    num_prefixes: Annotated[int | None, typer.Option(help="Distinct prefixes [4].")] = None,
+    num_prefixes: Annotated[
+        int | None, typer.Option(help="Distinct prefixes (or sessions) [4].")
+    ] = None,
     num_prompts: Annotated[
-        int | None, typer.Option(help="prefix_repetition prompts per run [16].")
+        int | None,
+        typer.Option(
+            help="Reuse prompts per run (prefix_repetition prompts, or turns of all sessions) [16]."
+        ),
     ] = None,
     output_len: Annotated[int | None, typer.Option(help="Tokens generated per prompt [4].")] = None,
+    sessions: Annotated[
+        bool,
+        typer.Option(
+            "--sessions",
+            help="Reuse runs send multi-turn chats instead of prefix_repetition: --num-prefixes "
+            "sessions taking turns, each turn the previous prompt + an answer + a new "
+            "--suffix-len message (vLLM's custom dataset).",
+        ),
+    ] = False,
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,
@@ -191,7 +205,12 @@ def serve(
         systems=_names(systems),
         concurrency=_ints(str(v["concurrency"]), "--concurrency"),
         prefix=PrefixWorkload(
-            v["prefix_len"], v["suffix_len"], v["num_prefixes"], v["num_prompts"], v["output_len"]
+            v["prefix_len"],
+            v["suffix_len"],
+            v["num_prefixes"],
+            v["num_prompts"],
+            v["output_len"],
+            sessions,
         ),
         random=RandomWorkload(
             v["random_input_len"],

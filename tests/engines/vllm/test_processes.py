@@ -16,6 +16,7 @@ from kvtier.engines.vllm.processes import (
     end_process_group,
     group_cpu_by_name,
     group_cpu_seconds,
+    group_pids,
 )
 
 # a leader that starts a child which spins: both in the leader's new process group
@@ -80,3 +81,57 @@ def test_cpu_used_is_the_difference_of_two_readings_by_name():
     before = {"VLLM::EngineCor": 1.0, "VLLM::Worker": 10.0}
     after = {"VLLM::EngineCor": 4.256, "VLLM::Worker": 12.5, "python": 0.3}
     assert cpu_used(before, after) == {"VLLM::EngineCor": 3.26, "VLLM::Worker": 2.5, "python": 0.3}
+
+
+# a leader that, on SIGTERM, passes it on to its child and exits at once; the child takes a
+# moment to clean up (like vLLM's engine processes) and leaves a mark when it has
+CLEANUP = (
+    "import os, signal, subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', (\n"
+    "    'import signal, sys, time\\n'\n"
+    "    'def done(*_):\\n'\n"
+    "    '    time.sleep(0.5)\\n'\n"
+    "    '    open(sys.argv[1], \"w\").close()\\n'\n"
+    "    '    sys.exit(0)\\n'\n"
+    "    'signal.signal(signal.SIGTERM, done)\\n'\n"
+    "    'print(\"ready\", flush=True)\\n'\n"
+    "    'time.sleep(60)\\n'\n"
+    "), sys.argv[1]], stdout=subprocess.PIPE)\n"
+    "child.stdout.readline()\n"
+    "def bye(*_):\n"
+    "    child.send_signal(signal.SIGTERM)\n"
+    "    os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ending_a_group_leaves_its_other_processes_the_grace_to_clean_up(tmp_path):
+    mark = tmp_path / "cleaned"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLEANUP, str(mark)], start_new_session=True, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        assert len(group_pids(proc.pid)) == 2
+        started = time.monotonic()
+        assert end_process_group(proc, grace_s=10, term=True) == 0
+        assert time.monotonic() - started < 8  # not the whole grace: the group was gone
+    finally:
+        end_process_group(proc)
+    assert mark.exists()  # the child was not killed while it cleaned up
+    assert group_pids(proc.pid) == []
+    assert group_pids(proc.pid, proc_root="/nonexistent") == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_group_that_will_not_end_is_killed_when_the_grace_runs_out():
+    with spinning_group(SPIN) as proc:
+        wait_for_cpu(lambda: group_cpu_seconds(proc.pid), 0.3)  # the child spins
+        assert len(group_pids(proc.pid)) == 2
+        started = time.monotonic()
+        end_process_group(proc, grace_s=1.0, term=True)  # SIGTERM ends the leader, not the child
+        assert 0.9 <= time.monotonic() - started < 8
+        assert group_pids(proc.pid) == []

@@ -13,36 +13,47 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 
 
 def end_process_group(
     proc: subprocess.Popen, grace_s: float = 0.0, term: bool = False
 ) -> int | None:
     """Give ``proc`` ``grace_s`` seconds to exit (after SIGTERM when ``term``), then SIGKILL its
-    process group; its exit code (None if it would not die)."""
+    process group; its exit code (None if it would not die).
+
+    A leader that exits in time leaves the rest of the grace to the group's other processes:
+    vLLM's engine processes are still shutting down when the server has exited, and killed
+    then they leave their shared-memory segments in ``/dev/shm`` for good."""
     if grace_s > 0 and proc.poll() is None:
+        deadline = time.monotonic() + grace_s
         with contextlib.suppress(ProcessLookupError):
             if term:
                 proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
+        while group_pids(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:
-        return proc.wait(timeout=10)
+        code = proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         return None
+    gone = time.monotonic() + 2.0  # SIGKILL lands a moment later in the leader's orphans
+    while group_pids(proc.pid) and time.monotonic() < gone:
+        time.sleep(0.01)
+    return code
 
 
-def group_cpu_by_name(pgid: int, proc_root: str = "/proc") -> dict[str, float]:
-    """CPU seconds (user + system) the live processes of process group ``pgid`` have used, by
-    process name (``VLLM::EngineCor``, ``VLLM::Worker``, …; processes of one name added up),
-    read from ``/proc/<pid>/stat`` (zombies left out; empty where ``/proc`` cannot be read)."""
-    ticks: dict[str, int] = {}
+def _group_stats(pgid: int, proc_root: str) -> Iterator[tuple[int, bytes, list[bytes]]]:
+    """(pid, name, the fields after the name) of the live processes of group ``pgid``, read
+    from ``/proc/<pid>/stat`` (zombies left out; nothing where ``/proc`` cannot be read)."""
     try:
         entries = os.listdir(proc_root)
     except OSError:
-        return {}
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -53,10 +64,25 @@ def group_cpu_by_name(pgid: int, proc_root: str = "/proc") -> dict[str, float]:
             continue
         close = stat.rindex(b")")
         fields = stat[close + 2 :].split()
-        # after the name: state, ppid, pgrp, ..., utime (12th), stime (13th)
+        # after the name: state, ppid, pgrp, ...
         if len(fields) > 12 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            name = stat[stat.index(b"(") + 1 : close].decode(errors="replace")
-            ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
+            yield int(entry), stat[stat.index(b"(") + 1 : close], fields
+
+
+def group_pids(pgid: int, proc_root: str = "/proc") -> list[int]:
+    """The live processes of process group ``pgid``."""
+    return [pid for pid, _, _ in _group_stats(pgid, proc_root)]
+
+
+def group_cpu_by_name(pgid: int, proc_root: str = "/proc") -> dict[str, float]:
+    """CPU seconds (user + system) the live processes of process group ``pgid`` have used, by
+    process name (``VLLM::EngineCor``, ``VLLM::Worker``, …; processes of one name added up),
+    read from ``/proc/<pid>/stat`` (zombies left out; empty where ``/proc`` cannot be read)."""
+    ticks: dict[str, int] = {}
+    for _, raw_name, fields in _group_stats(pgid, proc_root):
+        name = raw_name.decode(errors="replace")
+        # after the name: state, ppid, pgrp, ..., utime (12th), stime (13th)
+        ticks[name] = ticks.get(name, 0) + int(fields[11]) + int(fields[12])
     per_s = os.sysconf("SC_CLK_TCK")
     return {name: t / per_s for name, t in ticks.items()}
 
@@ -73,4 +99,10 @@ def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
     return sum(group_cpu_by_name(pgid, proc_root).values())
 
 
-__all__ = ["cpu_used", "end_process_group", "group_cpu_by_name", "group_cpu_seconds"]
+__all__ = [
+    "cpu_used",
+    "end_process_group",
+    "group_cpu_by_name",
+    "group_cpu_seconds",
+    "group_pids",
+]

@@ -24,8 +24,8 @@ def end_process_group(
     process group; its exit code (None if it would not die).
 
     A leader that exits in time leaves the rest of the grace to the group's other processes:
-    vLLM's engine processes are still shutting down when the server has exited, and killed
-    then they leave their shared-memory segments in ``/dev/shm`` for good."""
+    vLLM's engine processes may still be shutting down when the server has exited, and killed
+    then they can leave their shared-memory segments in ``/dev/shm`` for good."""
     if grace_s > 0 and proc.poll() is None:
         deadline = time.monotonic() + grace_s
         with contextlib.suppress(ProcessLookupError):

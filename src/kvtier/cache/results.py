@@ -45,7 +45,12 @@ class LookupResult:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """Chunks read into the caller's buffers: the first ``loaded`` of them, in order."""
+    """Chunks read into the caller's buffers: the first ``loaded`` of them, in order.
+
+    Why fewer than asked were loaded: ``located`` is the hit prefix the load's lookup found
+    (chunks past it were misses), ``corrupt`` bad blocks, ``errors`` reads a tier failed or
+    skipped, ``skipped`` of those because the tier's breaker was open after a failure.
+    """
 
     loaded: int
     bytes: int
@@ -54,6 +59,8 @@ class LoadResult:
     tiers: list[int] = field(default_factory=list)
     corrupt: int = 0
     errors: int = 0
+    located: int = 0
+    skipped: int = 0
 
 
 @dataclass(frozen=True)

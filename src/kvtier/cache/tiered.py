@@ -44,10 +44,12 @@ _MAX_BLOCK_BYTES = 1 << 31
 
 
 class _TierDown:
-    """Stands in for the result of a read the tier could not serve (down or raised)."""
+    """Stands in for the result of a read the tier could not serve (it raised, or was
+    skipped because its breaker is open)."""
 
 
-_DOWN = _TierDown()
+_DOWN = _TierDown()  # the tier raised
+_SKIPPED = _TierDown()  # the tier's breaker was open: not asked
 
 
 class TieredCache:
@@ -185,7 +187,7 @@ class TieredCache:
         n = min(len(loc), len(outs), len(keys))
         served: list[int] = []
         headers: list[BlockHeader] = []
-        corrupt = errors = 0
+        corrupt = errors = skipped = 0
         i = 0
         while i < n:
             t = loc[i]
@@ -197,6 +199,7 @@ class TieredCache:
             for off, result in enumerate(results):
                 at, header = t, result
                 if not isinstance(result, BlockHeader):
+                    skipped += result is _SKIPPED
                     c, e = self._account(t, keys[i + off], result)
                     corrupt, errors = corrupt + c, errors + e
                     at, header, c, e = self._read_fallback(t, keys[i + off], outs[i + off])
@@ -218,11 +221,13 @@ class TieredCache:
         per_tier: dict[str, int] = {}
         for t in served:
             per_tier[self.names[t]] = per_tier.get(self.names[t], 0) + 1
-        return LoadResult(len(served), nbytes, per_tier, seconds, served, corrupt, errors)
+        return LoadResult(
+            len(served), nbytes, per_tier, seconds, served, corrupt, errors, len(loc), skipped
+        )
 
     def _read(self, t: int, keys: Sequence[bytes], outs: Sequence) -> list:
         if not self.tier_up(t):
-            return [_DOWN] * len(keys)
+            return [_SKIPPED] * len(keys)
         began = time.perf_counter()
         try:
             results = self._tiers[t].get_many_into(keys, outs)

@@ -424,7 +424,9 @@ class CacheConformance:
         slow.dead = True
         found = cache.lookup(keys)
         assert found.hit_chunks == 0  # a miss: the engine recomputes, nothing is raised
-        assert cache.load(keys, buffers(2)).loaded == 0
+        result = cache.load(keys, buffers(2))
+        assert result.loaded == 0 and result.located == 0  # its breaker is open: not asked
+        assert not cache.tier_up(1)
         # stores keep working for the fast tier
         more = chunk_keys(2, start=5_000_000)
         assert cache.store(more, [kv_chunk(k) for k in more], META) == 2
@@ -454,8 +456,14 @@ class CacheConformance:
         slow.dead = True
         outs = buffers(4)
         result = cache.load(keys, outs, found)
-        assert result.loaded == 2 and result.errors >= 1
+        assert result.loaded == 2 and result.located == 4
+        assert result.errors == 1 and result.skipped == 0  # it raised: asked once
         assert_loaded(keys, outs, 2)
+        # within the back-off the tier is not asked again: the read is skipped, and says so
+        asked = slow.failures
+        result = cache.load(keys, buffers(4), found)
+        assert result.loaded == 2 and result.errors == 1 and result.skipped == 1
+        assert slow.failures == asked
 
     # -- prefetch ---------------------------------------------------------------------------
     def test_prefetch_brings_the_prefix_to_the_fast_tier(self, fast_tier, slow_tier, make_cache):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -34,12 +35,15 @@ def _series(base: str, name: str) -> float:
     return metric_total(scrape_metrics(base, 30), f"kvtier_{name}_total", tier="redis")
 
 
-def _within(check, attempts: int, what: str) -> int:
-    """Try ``check`` until it holds; the attempts it took (a failure past ``attempts``)."""
+def _within(check, attempts: int, what: str, log: Path) -> int:
+    """Try ``check`` until it holds; the attempts it took (a failure past ``attempts``, with
+    kvtier's lines of the server's log: why each load fell short)."""
     for n in range(1, attempts + 1):
         if check():
             return n
-    pytest.fail(f"{what} did not happen within {attempts} requests")
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "kvtier" in line]
+    tail = "\n".join(lines[-20:])
+    pytest.fail(f"{what} did not happen within {attempts} requests; kvtier's log:\n{tail}")
 
 
 def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
@@ -73,7 +77,7 @@ def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
                     assert _complete(base, model, prompt) == want
                     return hits() > before
 
-                return _within(loaded, attempts, "a load from Redis")
+                return _within(loaded, attempts, "a load from Redis", tmp_path / "server.log")
 
             # Redis up: the first answer is computed and stored, a repeat loads it (the store
             # is asynchronous: it may land after the first repeat's look-up).

@@ -12,6 +12,7 @@ import redis
 import xxhash
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError, CorruptBlockError
+from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.testing.tier_conformance import (
     NS_A,
@@ -22,6 +23,7 @@ from kvtier.testing.tier_conformance import (
     make_payload,
 )
 from kvtier.tiers import open_tier
+from kvtier.tiers.redis.direct_read import byte_windows
 from kvtier.tiers.redis.tier import RedisTier
 from kvtier.tiers.registry import check_tier_url
 
@@ -251,3 +253,32 @@ def test_a_buffer_too_small_drops_the_connection_not_the_next_read(redis_server,
     assert isinstance(tier.get_into(key, out), BlockHeader)
     assert check_payload(out, 64 * 1024, key) == 1
     tier.close()
+
+
+def test_byte_windows_cut_a_batch_into_runs_of_at_most_a_window():
+    assert byte_windows([], 10) == []
+    assert byte_windows([4, 4, 4, 4, 4], 10) == [(0, 2), (2, 4), (4, 5)]
+    assert byte_windows([30, 2, 30], 10) == [(0, 1), (1, 2), (2, 3)]  # one item each, however big
+    assert byte_windows([5, 5], 10) == [(0, 2)]
+
+
+def test_a_large_batch_reads_within_the_default_timeout(redis_server, tmp_path):
+    """64 blocks of 8 MiB in one batch, at the tier's default 0.1 s bound: a server copies every
+    reply it was asked for before writing the first byte, so one pipeline of 512 MiB kept the
+    socket silent past the bound on a healthy server; windows of replies keep bytes flowing."""
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path)), NS_A)
+    assert tier.options.timeout <= 0.1
+    size, n = 8 << 20, 64
+    keys = [make_key(i, b"large") for i in range(n)]
+    payload = make_payload(keys[0], 1, size)
+    for i in range(0, n, 8):
+        assert all(tier.put_many([(k, payload, RAW_META) for k in keys[i : i + 8]]))
+    outs = [np.zeros(size, np.uint8) for _ in keys]
+    try:
+        for _ in range(2):
+            got = tier.get_many_into(keys, outs)
+            assert all(isinstance(h, BlockHeader) for h in got)
+            assert all(np.array_equal(o, payload) for o in outs)
+    finally:
+        tier.delete_many(keys)
+        tier.close()

@@ -26,6 +26,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from kvtier.cache import LoadResult
 from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
@@ -197,7 +198,30 @@ class WorkerSide:
         failed = [b for c in job.chunks[loaded:] for b in c.block_ids]
         if failed:
             self.counters.add("load_errors", len(job.chunks) - loaded)
+            log.warning(
+                "kvtier loaded %d of %d chunks for %s; vLLM recomputes the rest (%s)",
+                loaded,
+                len(job.chunks),
+                job.req_id,
+                self._why_short(result, len(job.chunks)),
+            )
         return failed
+
+    def _why_short(self, result: LoadResult | None, wanted: int) -> str:
+        """Why a load served fewer chunks than the scheduler's lookup promised."""
+        if result is None:
+            return "the cache raised"
+        why = []
+        if result.located < wanted:
+            why.append(f"{wanted - result.located} not found here")
+        if result.corrupt:
+            why.append(f"{result.corrupt} bad block(s)")
+        if result.errors:
+            why.append(f"{result.errors} read(s) failed or skipped, {result.skipped} skipped")
+        down = [n for i, n in enumerate(self.names) if not self.cache.tier_up(i)]
+        if down:
+            why.append("breaker open: " + ", ".join(down))
+        return "; ".join(why) or "no reason recorded"
 
     def wait_for_save(self) -> None:
         """Time the step's forward; copy out the chunks it completed and queue them."""

@@ -36,6 +36,8 @@ from kvtier.codec.container import CorruptBlockError, verify_parts
 
 _SCRATCH = 64 * 1024
 _MAX_LINE = 64
+#: Bytes of replies asked for at a time (see :func:`read_values`).
+WINDOW_BYTES = 8 * 1024 * 1024
 
 
 class _Wire:
@@ -47,11 +49,13 @@ class _Wire:
         self.buf = bytearray(_SCRATCH)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
+        self.received = 0  # bytes of the replies so far (what a timeout report names)
 
     def _recv(self, into: memoryview) -> int:
         n = self.sock.recv_into(into)
         if n == 0:
             raise RedisConnectionError("the Redis server closed the connection")
+        self.received += n
         return n
 
     def line(self) -> bytes:
@@ -97,6 +101,7 @@ def read_values(
     keys: Sequence[bytes],
     outs: Sequence,
     namespace: bytes,
+    window: int = WINDOW_BYTES,
 ) -> list[BlockHeader | BlockError | bytes | None]:
     """Send ``GET name`` for each name on ``conn`` and read each reply.
 
@@ -104,18 +109,53 @@ def read_values(
     :class:`Coded` block still to check and decode, a BlockError for a block that fails its
     checks (a miss), None for a missing key, or the value's bytes where the block is not whole
     in this one value (the caller's general path takes it).
+
+    The GETs go out in windows of about ``window`` bytes of replies (by the buffers' sizes),
+    two windows in flight: the server copies every reply of what it has read into its output
+    buffers before it writes the first byte, so one pipeline of many large values keeps the
+    socket silent for longer than the tier's timeout on a healthy server.
     """
-    conn.send_packed_command(conn.pack_commands([("GET", n) for n in names]))
+    groups = byte_windows([memoryview(o).nbytes for o in outs], window)
+
+    def send(g: int) -> None:
+        if g < len(groups):
+            a, b = groups[g]
+            conn.send_packed_command(conn.pack_commands([("GET", n) for n in names[a:b]]))
+
+    send(0)
     sock = getattr(conn, "_sock", None)
     if sock is None:
         raise RedisConnectionError("the Redis connection has no socket")
     wire = _Wire(sock)
+    out: list[BlockHeader | BlockError | bytes | None] = []
     try:
-        return [_one(wire, key, out, namespace) for key, out in zip(keys, outs, strict=True)]
+        send(1)
+        for g, (a, b) in enumerate(groups):
+            out += [_one(wire, keys[i], outs[i], namespace) for i in range(a, b)]
+            send(g + 2)
+        return out
     except TimeoutError:
-        raise RedisTimeoutError("Timeout reading from the Redis server") from None
+        raise RedisTimeoutError(
+            f"Timeout reading from the Redis server (no byte within {sock.gettimeout()} s, "
+            f"{wire.received} bytes of {len(names)} replies read)"
+        ) from None
     except OSError as exc:
         raise RedisConnectionError(f"Error reading from the Redis server: {exc}") from None
+
+
+def byte_windows(sizes: Sequence[int], window: int) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive items whose sizes add up to at most ``window``
+    (at least one item each)."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > window:
+            runs.append((start, i))
+            start, total = i, 0
+        total += size
+    if sizes:
+        runs.append((start, len(sizes)))
+    return runs
 
 
 def _one(wire: _Wire, key: bytes, out, namespace: bytes):
@@ -190,4 +230,4 @@ class Coded:
         return header
 
 
-__all__ = ["Coded", "read_values"]
+__all__ = ["WINDOW_BYTES", "Coded", "byte_windows", "read_values"]

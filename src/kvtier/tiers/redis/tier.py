@@ -29,7 +29,7 @@ from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_b
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
-from kvtier.tiers.redis.direct_read import Coded, read_values
+from kvtier.tiers.redis.direct_read import WINDOW_BYTES, Coded, byte_windows, read_values
 from kvtier.tiers.redis.options import RedisOptions
 from kvtier.tiers.shared import SharedTier, batches, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
@@ -190,11 +190,14 @@ class RedisTier(SharedTier):
             if not self.options.cluster:
                 results += self._read_direct(run, run_outs)
                 continue
-            pipe = self._pipe()
-            for key in run:
-                pipe.get(self.name_of(key))
-            values = self._whole(run, pipe.execute())
-            results += self._decode_all(run, values, run_outs)
+            # a window of replies per pipeline: a server writes none before it has copied all
+            sizes = [memoryview(o).nbytes for o in run_outs]
+            for a, b in byte_windows(sizes, WINDOW_BYTES):
+                pipe = self._pipe()
+                for key in run[a:b]:
+                    pipe.get(self.name_of(key))
+                values = self._whole(run[a:b], pipe.execute())
+                results += self._decode_all(run[a:b], values, run_outs[a:b])
         return results
 
     def _read_direct(self, keys: Sequence[bytes], outs: Sequence) -> list:

@@ -23,6 +23,7 @@ from kvtier.testing.tier_conformance import (
     make_payload,
 )
 from kvtier.tiers import open_tier
+from kvtier.tiers.redis import direct_read
 from kvtier.tiers.redis.direct_read import byte_windows
 from kvtier.tiers.redis.tier import RedisTier
 from kvtier.tiers.registry import check_tier_url
@@ -217,9 +218,15 @@ def test_rediss_speaks_tls_and_checks_the_certificate(spawn_server):
     unchecked.close()
 
 
-def test_a_batch_lands_in_its_buffers_whatever_each_reply_is(redis_server, tmp_path):
+@pytest.mark.parametrize("window", [None, 1], ids=["one-window", "a-window-per-block"])
+def test_a_batch_lands_in_its_buffers_whatever_each_reply_is(
+    redis_server, tmp_path, monkeypatch, window
+):
     """One pipelined batch: a stored block, a miss, a corrupted value, a block of another key
-    and a bf16 block stored coded, each read straight into its buffer or reported."""
+    and a bf16 block stored coded, each read straight into its buffer or reported; the same
+    with each GET in a window of its own."""
+    if window is not None:
+        monkeypatch.setattr(direct_read, "WINDOW_BYTES", window)
     tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), timeout=1), NS_A)
     keys = [make_key(i, b"batch") for i in range(5)]
     size = 96 * 1024

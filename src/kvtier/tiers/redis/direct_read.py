@@ -17,7 +17,7 @@ pool never hands out a connection in the middle of a reply.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -101,7 +101,7 @@ def read_values(
     keys: Sequence[bytes],
     outs: Sequence,
     namespace: bytes,
-    window: int = WINDOW_BYTES,
+    window: int | None = None,
 ) -> list[BlockHeader | BlockError | bytes | None]:
     """Send ``GET name`` for each name on ``conn`` and read each reply.
 
@@ -110,12 +110,13 @@ def read_values(
     checks (a miss), None for a missing key, or the value's bytes where the block is not whole
     in this one value (the caller's general path takes it).
 
-    The GETs go out in windows of about ``window`` bytes of replies (by the buffers' sizes),
-    two windows in flight: the server copies every reply of what it has read into its output
+    The GETs go out in windows of about ``window`` bytes of replies (by the buffers' sizes;
+    :data:`WINDOW_BYTES` by default), the next window asked for as soon as the current one's
+    first reply arrives: the server copies every reply of what it has read into its output
     buffers before it writes the first byte, so one pipeline of many large values keeps the
     socket silent for longer than the tier's timeout on a healthy server.
     """
-    groups = byte_windows([memoryview(o).nbytes for o in outs], window)
+    groups = byte_windows([memoryview(o).nbytes for o in outs], window or WINDOW_BYTES)
 
     def send(g: int) -> None:
         if g < len(groups):
@@ -129,10 +130,11 @@ def read_values(
     wire = _Wire(sock)
     out: list[BlockHeader | BlockError | bytes | None] = []
     try:
-        send(1)
         for g, (a, b) in enumerate(groups):
-            out += [_one(wire, keys[i], outs[i], namespace) for i in range(a, b)]
-            send(g + 2)
+            # the server is writing window g once its first reply line is here: ask for the
+            # next window then, so it copies that while this one drains
+            out.append(_one(wire, keys[a], outs[a], namespace, lambda g=g: send(g + 1)))
+            out += [_one(wire, keys[i], outs[i], namespace) for i in range(a + 1, b)]
         return out
     except TimeoutError:
         raise RedisTimeoutError(
@@ -158,8 +160,10 @@ def byte_windows(sizes: Sequence[int], window: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _one(wire: _Wire, key: bytes, out, namespace: bytes):
+def _one(wire: _Wire, key: bytes, out, namespace: bytes, started: Callable[[], None] | None = None):
     line = wire.line()
+    if started is not None:
+        started()
     kind, rest = line[:1], line[1:]
     if kind == b"-":
         raise ResponseError(rest.decode(errors="replace"))

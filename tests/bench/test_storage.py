@@ -262,6 +262,45 @@ def test_a_coded_tier_takes_turns_with_its_raw_twin(tmp_path):
         tiny_config(tmp_path, reference="zstd")
 
 
+def test_a_disk_tier_and_its_raw_twin_swap_files_between_repeats(tmp_path, monkeypatch):
+    """A disk is not as fast everywhere: the coded tier and its twin swap namespaces between
+    repeats, each adopting the files the other wrote, so no new file appears after the first
+    repeat and both sides use the same places on the disk."""
+    import kvtier.bench.storage as storage
+
+    opened: list[tuple[str, bytes]] = []
+
+    def open_and_note(url: str, namespace: bytes):
+        opened.append(("codec=raw" in url, namespace))
+        return real_open(url, namespace)
+
+    real_open = storage.open_tier
+    monkeypatch.setattr(storage, "open_tier", open_and_note)
+    url = f"slab://{tmp_path}?size=16MiB&codec=kv"
+    cfg = tiny_config(tmp_path, tiers=(url,), reference="raw", repeats=4)
+    cfg = StorageBenchConfig(**{**cfg.__dict__, "lookup": False, "depths": (1, 2)})
+    files: list[frozenset[str]] = []
+
+    def step(label: str) -> None:
+        found = frozenset(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.slab"))
+        if found and "#" in label:
+            files.append(found)
+
+    rep = StorageBench(cfg, on_step=step).run()
+    assert len(files) >= 4 * 2 * 2
+    assert len(set(files)) == 1  # the same slab files, whichever side wrote them
+    assert len({f.split("/")[0] for f in files[0]}) == 2  # one namespace folder per side
+    assert any("swapping files every repeat" in note for note in rep.notes)
+    namespaces = {ns for _, ns in opened}
+    assert len(namespaces) == 2
+    for raw in (False, True):  # each side opened on both namespaces' files
+        assert {ns for r, ns in opened if r == raw} == namespaces
+    for m in rep.measurements:
+        assert m.reference is not None and "swapping" in m.reference.detail
+        assert len(m.reference.samples_gbps) == 4
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_slices_cover_the_pass_in_whole_rounds():
     bench = StorageBench(StorageBenchConfig(tiers=("memory://?size=16MiB",), slices=8))
     assert bench._slices(100, 10) == [(0, 10), (10, 20), (20, 30), (30, 50), (50, 60),

@@ -68,6 +68,8 @@ PAYLOAD_KINDS = ("random", "kv")
 #: same place under a namespace of its own, taking turns with it slice by slice).
 REFERENCE_KINDS = ("auto", RAW_TWIN)
 TWIN_DETAIL = "the same tier with codec=raw, same blocks, taking turns slice by slice"
+#: Added for disk tiers, which swap places with their twin between repeats.
+SWAP_DETAIL = ", the two swapping files every repeat"
 KV_PAYLOAD_MODEL = "smollm2-135m"
 NATIVE_REQUEST_BYTES = 256 * MiB
 NATIVE_REQUEST_TOKENS = 32768
@@ -292,11 +294,29 @@ class _TierRun:
         """This run and its twin (if any): the tiers open for it."""
         return (self,) if self.twin is None else (self, self.twin)
 
-    def reopen(self, depth: int) -> None:
-        """Reopen every tier of the run at I/O depth ``depth``."""
+    def reopen(self, depth: int | None) -> None:
+        """Reopen every tier of the run (at I/O depth ``depth`` when given); all are closed
+        first, so their files are free for whichever tier opens them next."""
         for each in self.opened():
             each.tier.close()
-            each.tier = open_tier(with_option(each.url, "depth", str(depth)), each.namespace)
+        for each in self.opened():
+            url = each.url if depth is None else with_option(each.url, "depth", str(depth))
+            each.tier = open_tier(url, each.namespace)
+
+    @property
+    def swaps(self) -> bool:
+        """Whether this tier and its twin swap places between repeats: disk tiers, whose
+        files lie where the filesystem put them, and a disk is not as fast everywhere."""
+        return self.twin is not None and self.profile is not None
+
+    def swap_places(self, depth: int | None) -> None:
+        """Swap the namespaces, hence the files, of this tier and its twin, and reopen both:
+        each adopts the files the other wrote (closed cleanly), so over the repeats both
+        sides write and read the same places on the disk equally often."""
+        twin = self.twin
+        assert twin is not None
+        self.namespace, twin.namespace = twin.namespace, self.namespace
+        self.reopen(depth)
 
 
 def _median_reference(refs: Sequence[Reference]) -> Reference | None:
@@ -381,14 +401,10 @@ class StorageBench:
                 run.twin = _TierRun(twin_url, ns, twin, native, disk_io_profile(twin), run.pool)
                 self._check_capacity(twin_url, twin, items, block, run.twin.profile)
             # warm-up: map the tier's memory / create its files once, untimed
-            warm = self._keys(url, 0, items)
-            for each in run.opened():
-                with _tier_errors(each.tier.name, "warm-up", max(cfg.depths)):
-                    plan = PassPlan(items, block, max(cfg.depths), 1)
-                    self._write(each.tier, warm, plan, run.pool)
-                    each.tier.delete_many(warm)
+            self._warm(run, items, max(cfg.depths))
             if run.twin is not None:
-                report.notes.append(f"{tier.name}: compared with {run.twin.url} ({TWIN_DETAIL})")
+                detail = TWIN_DETAIL + (SWAP_DETAIL if run.swaps else "")
+                report.notes.append(f"{tier.name}: compared with {run.twin.url} ({detail})")
             elif tier.scheme == "memory":
                 run.copy_ref = CopyReference(items, block)
             else:
@@ -435,6 +451,10 @@ class StorageBench:
         try:
             for r in range(cfg.repeats):
                 label = f"{tier.name} depth {depth}" + (f" #{r + 1}" if cfg.repeats > 1 else "")
+                if r and run.swaps:
+                    run.swap_places(depth if run.native else None)
+                    self._warm(run, unit, depth)
+                    tier = run.tier
                 keys = self._keys(run.url, depth * 1000 + r + 1, items)
                 ours: dict[str, list[PassResult]] = {"write": [], "read": []}
                 theirs: dict[str, list[Reference]] = {"write": [], "read": []}
@@ -455,7 +475,8 @@ class StorageBench:
                                 continue
                             if run.twin is not None:
                                 twin = self._tier_pass(run.twin, op, keys[a:b], plan)
-                                theirs[op].append(Reference(RAW_TWIN, twin, TWIN_DETAIL))
+                                detail = TWIN_DETAIL + (SWAP_DETAIL if run.swaps else "")
+                                theirs[op].append(Reference(RAW_TWIN, twin, detail))
                                 continue
                             ref = self._reference_pass(run, op, plan, fio_jobs, k, ours, report)
                             if ref is not None:
@@ -498,6 +519,16 @@ class StorageBench:
             )
             for op in ("write", "read")
         ]
+
+    def _warm(self, run: _TierRun, items: int, depth: int) -> None:
+        """Write and delete ``items`` blocks through each tier of ``run``, untimed: its memory
+        mapped, its files made, its rings' staging faulted in."""
+        warm = self._keys(run.url, 0, items)
+        plan = PassPlan(items, self.config.block_bytes, depth, 1)
+        for each in run.opened():
+            with _tier_errors(each.tier.name, "warm-up", depth):
+                self._write(each.tier, warm, plan, run.pool)
+                each.tier.delete_many(warm)
 
     def _slices(self, items: int, unit: int) -> list[tuple[int, int]]:
         """``[start, end)`` ranges cutting a pass into up to ``config.slices`` parts of whole

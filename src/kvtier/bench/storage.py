@@ -309,6 +309,11 @@ class _TierRun:
         files lie where the filesystem put them, and a disk is not as fast everywhere."""
         return self.twin is not None and self.profile is not None
 
+    @property
+    def twin_detail(self) -> str:
+        """How this tier is compared with its twin, for the notes and every reference pass."""
+        return TWIN_DETAIL + (SWAP_DETAIL if self.swaps else "")
+
     def swap_places(self, depth: int | None) -> None:
         """Swap the namespaces, hence the files, of this tier and its twin, and reopen both:
         each adopts the files the other wrote (closed cleanly), so over the repeats both
@@ -403,8 +408,9 @@ class StorageBench:
             # warm-up: map the tier's memory / create its files once, untimed
             self._warm(run, items, max(cfg.depths))
             if run.twin is not None:
-                detail = TWIN_DETAIL + (SWAP_DETAIL if run.swaps else "")
-                report.notes.append(f"{tier.name}: compared with {run.twin.url} ({detail})")
+                report.notes.append(
+                    f"{tier.name}: compared with {run.twin.url} ({run.twin_detail})"
+                )
             elif tier.scheme == "memory":
                 run.copy_ref = CopyReference(items, block)
             else:
@@ -475,8 +481,7 @@ class StorageBench:
                                 continue
                             if run.twin is not None:
                                 twin = self._tier_pass(run.twin, op, keys[a:b], plan)
-                                detail = TWIN_DETAIL + (SWAP_DETAIL if run.swaps else "")
-                                theirs[op].append(Reference(RAW_TWIN, twin, detail))
+                                theirs[op].append(Reference(RAW_TWIN, twin, run.twin_detail))
                                 continue
                             ref = self._reference_pass(run, op, plan, fio_jobs, k, ours, report)
                             if ref is not None:

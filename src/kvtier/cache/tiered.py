@@ -222,7 +222,15 @@ class TieredCache:
         for t in served:
             per_tier[self.names[t]] = per_tier.get(self.names[t], 0) + 1
         return LoadResult(
-            len(served), nbytes, per_tier, seconds, served, corrupt, errors, len(loc), skipped
+            len(served),
+            nbytes,
+            per_tier,
+            seconds,
+            served,
+            corrupt=corrupt,
+            errors=errors,
+            located=len(loc),
+            skipped=skipped,
         )
 
     def _read(self, t: int, keys: Sequence[bytes], outs: Sequence) -> list:

@@ -109,3 +109,49 @@ def test_a_damaged_or_missing_log_costs_a_scan_never_data(tmp_path: Path, damage
         if damage == "deleted":  # the writer keeps appending to its unlinked log: scans it is
             assert not os.path.exists(log)
         assert _served(reader, keys) == [3] * len(keys)
+
+
+def test_blocks_the_writer_evicted_are_no_longer_listed_by_a_reader(tmp_path: Path):
+    writer, reader = _pair(tmp_path, capacity=6 * (SIZE + 3 * 4096))
+    with writer, reader:
+        first = [make_key(i) for i in range(1, 4)]
+        _put(writer, first, 2)
+        assert reader.contains_many(first) == [True] * 3
+        later = [make_key(i) for i in range(10, 17)]
+        for key in later:  # the writer's whole capacity: the first keys are evicted
+            _put(writer, [key], 3)
+        assert not any(writer.contains_many(first))
+        assert reader.contains_many(first) == [False] * 3  # nothing promised the writer lost
+        assert reader.contains_many(later) == writer.contains_many(later)
+
+
+def test_a_reader_opened_later_does_not_list_a_block_that_left_its_slot(tmp_path: Path):
+    """An overwrite frees the old slot with its valid bytes still there; after a delete no
+    slot holds the key for its writer, and a scan alone would list the old copy again."""
+    writer, _ = _pair(tmp_path)
+    with writer:
+        key = make_key(7)
+        _put(writer, [key], 1)
+        _put(writer, [key], 2)  # a fresh slot; the old one keeps version 1's bytes
+        assert writer.delete(key)
+        reader = SlabTier(NS_A, tmp_path, 4 * MiB, io="threads", rescan=0.0)
+        with reader:
+            scans = _scans(reader)
+            assert not reader.contains(key) and _served(reader, [key]) == [None]
+            assert reader.contains(make_key(0)) and scans == []
+
+
+def test_a_log_emptied_and_refilled_to_the_same_length_is_noticed(tmp_path: Path):
+    writer, reader = _pair(tmp_path)
+    with writer, reader:
+        _put(writer, [make_key(i) for i in range(1, 21)], 1)
+        assert reader.contains(make_key(20))
+        f = writer._index[make_key(0)].file
+        offset = reader._foreign[f.path].tail.offset
+        f.log._restart()  # a new generation, as the writer starts when the log grows too long
+        fresh = []
+        while os.path.getsize(f.path + LOG) < offset:
+            fresh.append(make_key(100 + len(fresh)))
+            _put(writer, fresh[-1:], 2)
+        assert os.path.getsize(f.path + LOG) == offset  # where the reader stood
+        assert reader.contains_many(fresh) == [True] * len(fresh)

@@ -16,11 +16,12 @@ old one once the new block is published. ``delete`` zeroes the slot's header pag
 Writers: a process writes only the files it holds an exclusive ``flock`` on: those it creates
 and those of dead writers it adopts at open. A file closed cleanly leaves a ``.clean`` marker;
 one adopted without it has every slot's checksum verified first. Files other live processes
-write are read-only here, rescanned on a miss (at most every ``rescan`` seconds) by following
-the index log their writer appends to (:mod:`~kvtier.tiers.files.slab_log`: only the blocks
-published since the last look), or slot by slot where the log cannot be followed; their blocks
-are served after the same checks but never evicted or counted here (the ledger lists them
-uncharged), and a failed check on one is a miss (its writer may have reused the slot).
+write are read-only here, rescanned on a look-up or a missed read (at most every ``rescan``
+seconds) by following the index log their writer appends to
+(:mod:`~kvtier.tiers.files.slab_log`: only the blocks published, and the slots vacated, since
+the last look), or slot by slot where the log cannot be followed; their blocks are served after
+the same checks but never evicted or counted here (the ledger lists them uncharged), and a
+failed check on one is a miss (its writer may have reused the slot).
 
 Capacity (the ledger): slots holding blocks plus free slots still holding bytes stay within
 ``size``; a coded block's slot is its stored size rounded up to a size class
@@ -95,9 +96,14 @@ class _File:
         self.hollow: list[int] = []  # own slots without a block or counted bytes
         self.sig: tuple[int, int] = (-1, -1)  # (size, mtime) when last scanned (foreign files)
         self.scanned = 0.0
-        # own files append what they publish to their log; foreign ones follow it
-        self.log: SlabLog | None = SlabLog(path) if own else None
+        # own files append what they publish and vacate to their log; foreign ones follow it
+        self.log: SlabLog | None = SlabLog(path, self.vacant) if own else None
         self.tail: LogTail | None = None if own else LogTail(path)
+        self.listed: dict[int, bytes] = {}  # foreign files: slot → the key listed from it
+
+    def vacant(self) -> list[int]:
+        """Own slots that hold no block."""
+        return [*self.free, *self.hollow]
 
     def close(self) -> None:
         """Close the file and its log (for an own file this releases the lock)."""
@@ -130,6 +136,10 @@ class _Entry:
     @property
     def offset(self) -> int:
         return self.slot * self.file.slot_size
+
+
+#: Another writer's file and what changed in it: slot → the block there now (None: none).
+_Changes = tuple[_File, dict[int, "_Entry | None"]]
 
 
 @dataclass(slots=True)
@@ -201,6 +211,8 @@ class SlabTier(FileTier):
     def _open_files(self) -> None:
         """Adopt unlocked files, read the others, rebuild the index, evict to fit."""
         found: list[tuple[int, bytes, _Entry]] = []
+        foreign: list[_Changes] = []
+        now = time.monotonic()
         for path, slot_size in _slab_files(self.root):
             try:
                 fd = os.open(path, self._rw_flags())
@@ -215,19 +227,18 @@ class SlabTier(FileTier):
             else:
                 os.close(fd)
                 f = self._open_foreign(path, slot_size)
-                if f is not None:
-                    found += self._scan(f, verify=False)
+                changes = None if f is None else self._changes(f, now, scan=True)
+                if changes is not None:
+                    foreign.append(changes)
         found.sort(key=lambda t: t[0])  # oldest first: newest of a key wins, LRU order
         ledger = self.ledger
         with self._lock:
             for seq, key, entry in found:
                 self._seq = max(self._seq, seq)
-                if entry.file.own:
-                    old = ledger.adopt(key, entry, entry.file.slot_size, entry.header.meta.value)
-                else:
-                    old = ledger.show(key, entry)
+                old = ledger.adopt(key, entry, entry.file.slot_size, entry.header.meta.value)
                 if old is not None:
                     self._drop(key, *old)
+            self._list_locked(foreign)
             ledger.shrink(self._drop, reclaim=self._reclaim_locked)
 
     def _open_foreign(self, path: str, slot_size: int) -> _File | None:
@@ -290,14 +301,14 @@ class SlabTier(FileTier):
 
     # --- verbs -------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
-        return key in self._index or (self._rescan() and key in self._index)
+        return self.contains_many([key])[0]
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is held here or listed from another writer; the other writers'
+        changes are followed first (rate-limited), so a block they evicted is not promised."""
+        self._rescan()
         index = self._index
-        found = [k in index for k in keys]
-        if False in found and self._rescan():
-            found = [k in index for k in keys]
-        return found
+        return [k in index for k in keys]
 
     def get_many_into(
         self, keys: Sequence[bytes], outs: Sequence
@@ -494,7 +505,8 @@ class SlabTier(FileTier):
         return out, entry.header
 
     def _rescan(self) -> bool:
-        """Index blocks other writers added to their files (rate-limited); True if it ran."""
+        """Bring the listing of other writers' blocks up to date, the blocks they added and
+        those that left (rate-limited); True if it ran."""
         now = time.monotonic()
         if now - self._last_rescan < self.rescan_s or self._closed:
             return False
@@ -504,39 +516,75 @@ class SlabTier(FileTier):
             self._last_rescan = now
             with self._lock:
                 own = {f.path for fs in self._classes.values() for f in fs}
-            found: list[tuple[int, bytes, _Entry]] = []
+            changed: list[_Changes] = []
             for path, slot_size in _slab_files(self.root):
                 if path in own:
                     continue
                 f = self._foreign.get(path) or self._open_foreign(path, slot_size)
-                if f is None:
-                    continue
-                try:
-                    st = os.fstat(f.fd)
-                except OSError:
-                    continue
-                f.slots = max(f.slots, st.st_size // slot_size)
-                logged = f.tail.new() if f.tail is not None else None
-                if logged is not None:  # the writer's log: only what it published since
-                    for slot, head in logged:
-                        entry = self._entry_of(f, slot, head) if slot < f.slots else None
-                        if entry is not None:
-                            found.append((entry.seq, entry.header.key, entry))
-                    continue
-                sig = (st.st_size, st.st_mtime_ns)
-                if sig == f.sig and now - f.scanned < self.rescan_full_s:
-                    continue
-                f.sig, f.scanned, f.slots = sig, now, st.st_size // slot_size
-                found += self._scan(f, verify=False)
-            found.sort(key=lambda t: t[0])
+                changes = None if f is None else self._changes(f, now)
+                if changes is not None:
+                    changed.append(changes)
             with self._lock:
-                for seq, key, entry in found:
-                    cur = self._index.get(key)
-                    if cur is None or (not cur.file.own and cur.seq <= seq):
-                        self.ledger.show(key, entry)
+                self._list_locked(changed)
             return True
         finally:
             self._rescan_lock.release()
+
+    def _changes(self, f: _File, now: float, scan: bool = False) -> _Changes | None:
+        """What changed in another writer's file since the last look: each slot whose block
+        changed, with its block now (None: it holds none). From the log where it can be
+        followed; else (or with ``scan``) from a scan of every slot (rate-limited by
+        ``rescan_full`` when the file did not change), which lists everything, then the log
+        from its start, which tells which of the blocks still in their slots have left them."""
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            return None
+        f.slots = max(f.slots, st.st_size // f.slot_size)
+        logged = None if scan else self._logged(f)
+        if logged is not None:
+            return f, logged
+        sig = (st.st_size, st.st_mtime_ns)
+        if not scan and sig == f.sig and now - f.scanned < self.rescan_full_s:
+            return None
+        f.sig, f.scanned, f.slots = sig, now, st.st_size // f.slot_size
+        slots: dict[int, _Entry | None] = dict.fromkeys(f.listed)  # gone unless found again
+        slots.update((entry.slot, entry) for _, _, entry in self._scan(f, verify=False))
+        slots.update(self._logged(f) or {})
+        return f, slots
+
+    def _logged(self, f: _File) -> dict[int, _Entry | None] | None:
+        """Slot → block (None: vacated) from the records ``f``'s writer logged since the last
+        look, the last record of a slot winning; None when the log cannot be followed."""
+        records = f.tail.new() if f.tail is not None else None
+        if records is None:
+            return None
+        return {
+            slot: self._entry_of(f, slot, head) if head is not None and slot < f.slots else None
+            for slot, head in records
+        }
+
+    def _list_locked(self, changed: Sequence[_Changes]) -> None:
+        """Apply other writers' changes to the index: a key listed from a slot that changed is
+        forgotten (if the index still points there), then the blocks now in those slots are
+        listed, oldest first, unless this writer or a newer copy holds the key."""
+        index = self._index
+        shown: list[_Entry] = []
+        for f, slots in changed:
+            for slot, entry in slots.items():
+                old = f.listed.pop(slot, None)
+                cur = index.get(old) if old is not None else None
+                if cur is not None and cur.file is f and cur.slot == slot:
+                    self.ledger.pop(old)
+                if entry is not None:
+                    shown.append(entry)
+        shown.sort(key=lambda e: e.seq)
+        for entry in shown:
+            key = entry.header.key
+            cur = index.get(key)
+            if cur is None or (not cur.file.own and cur.seq <= entry.seq):
+                self.ledger.show(key, entry)
+                entry.file.listed[entry.slot] = key
 
     # --- internals: writes -------------------------------------------------------------------
     def _prepare_block(
@@ -805,11 +853,15 @@ class SlabTier(FileTier):
 
     # --- internals: leaving blocks -----------------------------------------------------------
     def _drop(self, key: bytes, entry: _Entry, size: int) -> None:
-        """A block left the books: an own slot becomes free room (still counted, reusable)."""
-        if entry.file.own:
+        """A block left the books: an own slot becomes free room (still counted, reusable), and
+        the log says so (the block's bytes stay in the slot, and a reader must not list it)."""
+        f = entry.file
+        if f.own:
             self.ledger.release(size)
-            heapq.heappush(entry.file.free, entry.slot)
+            heapq.heappush(f.free, entry.slot)
             self.ledger.keep(size)
+            if f.log is not None:
+                f.log.vacate(entry.slot, f.slots)
 
 
 # --- helpers -----------------------------------------------------------------------------------

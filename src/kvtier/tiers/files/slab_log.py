@@ -9,10 +9,17 @@ only the records added since its last look; the slot's bytes stay the truth (eve
 the header and checksum), so a record is only ever a hint: a stale one is a miss, a lost one a
 block not seen until the next full scan.
 
+A block that leaves a slot (evicted, deleted, overwritten elsewhere) is recorded too: a record
+whose slot has the ``VACATED`` bit set and whose header bytes are zero. An evicted block's bytes
+stay in its slot until the slot is reused and would still pass every check, so without that
+record a reader would keep listing a block its writer no longer holds, and promise it.
+
 The writer starts a log empty under a random generation and, once it holds more records than
-``ROTATE_FACTOR`` times the file's slots, empties it and takes the next generation. A reader
-that finds the log shorter than its offset, a record of another generation, or no log at all
-falls back to scanning every slot once, and follows the log again from there.
+``ROTATE_FACTOR`` times the file's slots, empties it, takes the next generation and records
+every slot that holds no block as vacated. A reader that finds the log shorter than its offset,
+a record of another generation, or no log at all falls back to scanning every slot once, and
+then reads the log of that generation from its start (what a scan cannot tell: which slots'
+blocks have left), and follows it from there.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import contextlib
 import os
 import secrets
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kvtier.codec import HEADER_SIZE
 
@@ -32,15 +39,21 @@ RECORD = _REC.size + HEADER_SIZE
 #: ``ROTATE_MIN`` records), so it stays a small multiple of the file's index.
 ROTATE_FACTOR = 4
 ROTATE_MIN = 1024
+#: Set in a record's slot: the block recorded in that slot before has left it.
+VACATED = 1 << 31
+_NO_HEAD = bytes(HEADER_SIZE)
 
 
 class SlabLog:
-    """The writer's end: appends a record per published block (errors only lose hints)."""
+    """The writer's end: appends a record per published block and per vacated slot (errors
+    only lose hints). ``vacant``: the slots that hold no block now, recorded when the log
+    starts a new generation."""
 
-    def __init__(self, slab_path: str):
+    def __init__(self, slab_path: str, vacant: Callable[[], Iterable[int]] | None = None):
         self.path = slab_path + LOG
         self.gen = secrets.randbits(32)
         self.records = 0
+        self._vacant = vacant
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
             self._fd: int | None = os.open(self.path, flags, 0o644)
@@ -50,28 +63,44 @@ class SlabLog:
     def append(self, slot: int, head: bytes, slots: int) -> None:
         """Record that ``slot`` now holds the block whose stored header is ``head``; ``slots``:
         the file's slots now (the log rotates past a multiple of them)."""
-        if self._fd is None or len(head) != HEADER_SIZE or not 0 <= slot < 1 << 32:
+        if len(head) == HEADER_SIZE and 0 <= slot < VACATED:
+            self._add(slot, head, slots)
+
+    def vacate(self, slot: int, slots: int) -> None:
+        """Record that the block in ``slot`` has left it (``slots``: as for :meth:`append`)."""
+        if 0 <= slot < VACATED:
+            self._add(slot | VACATED, _NO_HEAD, slots)
+
+    def _add(self, field: int, head: bytes, slots: int) -> None:
+        if self._fd is None:
             return
         if self.records >= max(ROTATE_MIN, ROTATE_FACTOR * slots):
             self._restart()
-        record = _REC.pack(self.gen, slot) + head
+        self._write([(field, head)])
+
+    def _write(self, records: list[tuple[int, bytes]], restart: bool = True) -> None:
+        data = b"".join(_REC.pack(self.gen, slot) + head for slot, head in records)
         try:
-            written = os.write(self._fd, record)
+            written = os.write(self._fd, data) if self._fd is not None else -1
         except OSError:
             written = -1
-        if written == len(record):
-            self.records += 1
-        elif written > 0:  # a short write (a full disk) would shift every later record
+        if written == len(data):
+            self.records += len(records)
+        elif written > 0 and restart:  # a short write (a full disk) would shift later records
             self._restart()
 
     def _restart(self) -> None:
-        """Empty the log under the next generation (readers scan the file once)."""
+        """Empty the log under the next generation (readers scan the file once) and record the
+        slots that hold no block (a scan would list an evicted block still in its slot)."""
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
         self.gen = (self.gen + 1) & 0xFFFFFFFF
         self.records = 0
+        vacant = sorted(self._vacant()) if self._vacant is not None else []
+        if vacant:
+            self._write([(s | VACATED, _NO_HEAD) for s in vacant if s < VACATED], restart=False)
 
     def close(self) -> None:
         """Stop writing (the log stays for readers; the file's next writer empties it)."""
@@ -99,42 +128,43 @@ class LogTail:
         return self._fd
 
     def mark(self) -> None:
-        """Before a full scan: follow the log from its present end (what the scan covers)."""
+        """Before a full scan: read the log again from its start (the scan lists blocks, the
+        log also says which of them have left their slots)."""
         self.offset, self.gen = 0, None
-        fd = self._open()
-        if fd is None:
-            return
-        try:
-            size = os.fstat(fd).st_size // RECORD * RECORD
-            last = os.pread(fd, RECORD, size - RECORD) if size else b""
-        except OSError:
-            return
-        self.offset = size
-        if len(last) == RECORD:
-            self.gen = _REC.unpack_from(last)[0]
 
-    def new(self) -> Iterator[tuple[int, bytes]] | None:
-        """(slot, header bytes) of the records added since the last call, or None when the log
-        cannot be followed (absent, emptied, of another generation): scan the file instead."""
+    def new(self) -> Iterator[tuple[int, bytes | None]] | None:
+        """(slot, header bytes, or None where the slot was vacated) of the records added since
+        the last call, in order, or None when the log cannot be followed (absent, emptied, of
+        another generation): scan the file instead. The last record read before is read
+        again: a log emptied and refilled past the offset meanwhile shows another generation
+        there."""
         fd = self._open()
         if fd is None:
             return None
+        start = max(0, self.offset - RECORD)
         try:
             size = os.fstat(fd).st_size
             if size < self.offset:
                 return None
-            data = os.pread(fd, (size - self.offset) // RECORD * RECORD, self.offset)
+            data = os.pread(fd, (size - start) // RECORD * RECORD, start)
         except OSError:
             return None
-        out: list[tuple[int, bytes]] = []
+        if len(data) < self.offset - start:
+            return None
+        out: list[tuple[int, bytes | None]] = []
         for at in range(0, len(data) - RECORD + 1, RECORD):
             gen, slot = _REC.unpack_from(data, at)
             if self.gen is None:
                 self.gen = gen
             elif gen != self.gen:
                 return None
-            out.append((slot, data[at + _REC.size : at + RECORD]))
-        self.offset += len(data) // RECORD * RECORD
+            if start + at < self.offset:  # the record read last time: only its generation
+                continue
+            if slot & VACATED:
+                out.append((slot & ~VACATED, None))
+            else:
+                out.append((slot, data[at + _REC.size : at + RECORD]))
+        self.offset = start + len(data) // RECORD * RECORD
         return iter(out)
 
     def close(self) -> None:
@@ -145,4 +175,4 @@ class LogTail:
             self._fd = None
 
 
-__all__ = ["LOG", "RECORD", "LogTail", "SlabLog"]
+__all__ = ["LOG", "RECORD", "VACATED", "LogTail", "SlabLog"]

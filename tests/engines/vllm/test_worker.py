@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import uuid
 
@@ -22,11 +23,12 @@ NS = Namespace("test-model", "weights", "bfloat16", 3, 2, 8, layout="t")
 CHUNK = 32  # two blocks
 
 
-@pytest.fixture
-def worker(tmp_path):
+def open_worker(tmp_path, host_size: str = "8MiB", disk_size: str = "16MiB"):
+    """A worker over a host-memory and a disk slab tier, with three layers of paged KV."""
     host = f"/dev/shm/kvtier-worker-{uuid.uuid4().hex[:8]}"
     config = ConnectorConfig(
-        tiers=(f"slab://{host}?size=8MiB", f"slab://{tmp_path}/disk?size=16MiB"), chunk_tokens=CHUNK
+        tiers=(f"slab://{host}?size={host_size}", f"slab://{tmp_path}/disk?size={disk_size}"),
+        chunk_tokens=CHUNK,
     )
     side = WorkerSide(config, NS, GEOMETRY)
     gen = torch.Generator().manual_seed(0)
@@ -37,9 +39,24 @@ def worker(tmp_path):
         for i in (2, 0, 1)  # not in layer order: the worker orders them by layer number
     }
     side.register_kv_caches(caches)
-    yield side, [caches[f"model.layers.{i}.self_attn.attn"] for i in range(3)]
+    return side, [caches[f"model.layers.{i}.self_attn.attn"] for i in range(3)], host
+
+
+@pytest.fixture
+def worker(tmp_path):
+    side, caches, host = open_worker(tmp_path)
+    yield side, caches
     side.close()
     shutil.rmtree(host, ignore_errors=True)
+
+
+def wait_finished(side, req_id: str) -> None:
+    deadline = time.monotonic() + 10
+    done: set[str] = set()
+    while req_id not in done and time.monotonic() < deadline:
+        done |= side.get_finished()
+        time.sleep(0.01)
+    assert req_id in done
 
 
 def test_stored_blocks_come_back_bit_for_bit_into_other_blocks(worker):
@@ -65,12 +82,38 @@ def test_a_missing_chunk_is_reported_as_failed_blocks(worker):
     side.bind(KVTierMetadata(loads=[job]))
     side.start_load_kv()
     side.unbind()
-    deadline = time.monotonic() + 10
-    done: set[str] = set()
-    while not done and time.monotonic() < deadline:
-        done = side.get_finished()
-        time.sleep(0.01)
-    assert done == {"r3"} and side.take_errors() == {4, 5}
+    wait_finished(side, "r3")
+    assert side.take_errors() == {4, 5}
+
+
+def test_a_promised_chunk_outlives_the_stores_made_while_its_load_waits(tmp_path):
+    """Chunks stored while a load waits for its thread must not evict the chunks it will read."""
+    side, caches, host = open_worker(tmp_path, host_size="64KiB", disk_size="64KiB")
+    try:
+        key = b"p" * 16
+        side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((3, 7),))]))
+        side.wait_for_save()
+        assert side.cache.flush(10)
+        gate = threading.Event()
+        busy = side._pool.submit(gate.wait, 10)  # the load thread is taken: the load waits
+        side.bind(KVTierMetadata(loads=[LoadJob("r2", (ChunkLoad(key, (10, 11)),), (1,))]))
+        side.start_load_kv()
+        assert side.cache.is_pinned(key)
+        others = [bytes([i]) * 16 for i in range(24)]  # several times what either tier holds
+        side.bind(KVTierMetadata(stores=[StoreJob("r3", tuple(others), ((0, 1),) * 24)]))
+        side.wait_for_save()
+        assert side.cache.flush(10)
+        assert not any(t.contains(others[0]) for t in side.cache.tiers)  # stores did evict
+        gate.set()
+        busy.result()
+        wait_finished(side, "r2")
+        assert side.take_errors() == set() and not side.cache.is_pinned(key)
+        for layer in caches:
+            assert torch.equal(layer[10].view(torch.int16), layer[3].view(torch.int16))
+            assert torch.equal(layer[11].view(torch.int16), layer[7].view(torch.int16))
+    finally:
+        side.close()
+        shutil.rmtree(host, ignore_errors=True)
 
 
 def test_the_forward_is_timed_without_the_synchronous_loads_before_it(worker):

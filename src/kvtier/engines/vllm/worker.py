@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from kvtier.cache import LoadResult
+from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
@@ -44,6 +44,9 @@ log = logging.getLogger("kvtier.vllm")
 _LAYER_INDEX = re.compile(r"(\d+)")
 #: A synchronous load of at least twice this many chunks is split in two halves run at once.
 SPLIT_CHUNKS = 4
+#: The longest a load's chunks stay pinned against this worker's own evictions (the pin is
+#: released as soon as the load ends; this bounds it if a load never does).
+LOAD_PIN_S = 60.0
 
 
 def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -126,16 +129,25 @@ class WorkerSide:
         meta = self._meta_now
         if meta is None:
             return
-        for job in meta.loads:
+        # Every chunk of the step's loads is pinned first, so that neither the chunks this
+        # worker stores meanwhile nor the promotions of another load evict one before it is read.
+        pins = [self.cache.pin([c.key for c in job.chunks], LOAD_PIN_S) for job in meta.loads]
+        for job, pin in zip(meta.loads, pins, strict=True):
             if job.sync:  # before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
-                self._errors.update(self._load_now(job))
+                with pin:
+                    self._errors.update(self._load_now(job))
                 took = time.perf_counter() - began
                 self._sync_s += took
                 with self._lock:
                     self._learned["synced"].append((job.req_id, took))
             else:
-                self._loading[job.req_id] = self._pool.submit(self._load, job)
+                self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin)
+
+    def _load_pinned(self, job: LoadJob, pin: Lease) -> list[int]:
+        """An asynchronous load, its chunks unpinned once it ends."""
+        with pin:
+            return self._load(job)
 
     def _load_now(self, job: LoadJob) -> list[int]:
         """A synchronous load: the engine waits for it, so both halves of a long one are read

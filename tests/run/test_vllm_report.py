@@ -178,6 +178,7 @@ def test_connector_records_join_by_prompt_hash(tmp_path):
         {"prompt_hash": "rag-0.0", "local_hit_tokens": 0, "hit_tokens": {"disk": 512}},
         {"prompt_hash": "warmup", "local_hit_tokens": 0, "hit_tokens": {}},
     ]
+    lines[1]["loaded_tokens"] = 256  # the second of its two chunks failed to load
     lines[0]["load_wait_s"] = 0.05
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n{broken\n")
     read = read_connector_records(path)
@@ -188,6 +189,11 @@ def test_connector_records_join_by_prompt_hash(tmp_path):
     assert chat.connector is not None and chat.connector["prompt_hash"] == "chat-0.1"
     rag = kv.requests[2]
     assert rag.hit_tokens == {"vllm": 0, "disk": 512} and rag.load_wait_s == 0.0
+    assert rag.unloaded_tokens == 256 and rag.hits == 256 and chat.unloaded_tokens == 0
+    s = summarize_phase(kv, lambda n: 0.0)
+    assert s["unloaded_tokens"] == 256
+    assert s["computed_tokens"] == s["prompt_tokens"] - sum(r.hits for r in kv.requests)
+    assert s["hit_tokens"]["disk"] == 512  # what each tier was asked for stays as it was
     assert "2 of 4 requests have no connector record" in notes[0]
     assert "differ" in notes[1]  # rag: vLLM said 4096 cached, the record 512
     assert read_connector_records(tmp_path / "missing.jsonl") == []

@@ -395,6 +395,9 @@ def attach_connector_records(
         for tier, n in (line.get("hit_tokens") or {}).items():
             hits[str(tier)] = hits.get(str(tier), 0) + int(n)
         r.hit_tokens = hits
+        promised = sum(int(n) for n in (line.get("hit_tokens") or {}).values())
+        loaded = line.get("loaded_tokens")
+        r.unloaded_tokens = max(0, promised - int(loaded)) if loaded is not None else 0
         wait = line.get("load_wait_s")
         r.load_wait_s = float(wait) if wait is not None else 0.0
         if r.cached_tokens is not None and r.cached_tokens != sum(hits.values()):

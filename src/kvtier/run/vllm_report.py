@@ -27,7 +27,9 @@ class RequestRecord:
     Times are seconds; ``due_s``/``sent_s`` count from the phase's start (due: when the session
     wanted to send it; sent: when a concurrency slot let it go). ``hit_tokens`` maps a tier
     (``vllm`` for the engine's own prefix cache, then kvtier's tiers) to prompt tokens found
-    there; ``load_wait_s`` is how long the engine waited for kvtier's KV (None without it).
+    there when the request was scheduled, ``unloaded_tokens`` those of kvtier's that then failed
+    to load (vLLM computed them); ``load_wait_s`` is how long the engine waited for kvtier's KV
+    (None without it).
     ``block_hashes`` are the prompt's chained keys (hex, one per full block of vLLM's
     ``record_block_tokens`` in the report's config), so a replay finds the prefixes vLLM's
     own cache could share.
@@ -51,11 +53,12 @@ class RequestRecord:
     load_wait_s: float | None = None
     server: dict[str, float] = field(default_factory=dict)
     connector: dict[str, Any] | None = None
+    unloaded_tokens: int = 0  # of the tiers' hits, those that failed to load (vLLM computed them)
 
     @property
     def hits(self) -> int:
-        """Prompt tokens not computed (every tier)."""
-        return sum(self.hit_tokens.values())
+        """Prompt tokens not computed (every tier; a hit that failed to load was computed)."""
+        return sum(self.hit_tokens.values()) - self.unloaded_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +125,8 @@ def summarize_phase(phase: PhaseResult, saved_s) -> dict[str, Any]:
     for r in reqs:
         for tier, n in r.hit_tokens.items():
             tiers[tier] = tiers.get(tier, 0) + int(n)
-    hits = sum(tiers.values())
+    unloaded = sum(r.unloaded_tokens for r in reqs)
+    hits = sum(tiers.values()) - unloaded
     waits = [r.load_wait_s for r in reqs if r.load_wait_s is not None]
     wall = phase.wall_s
     m = phase.metrics
@@ -141,6 +145,7 @@ def summarize_phase(phase: PhaseResult, saved_s) -> dict[str, Any]:
         "output_tokens_per_s": output / wall if wall > 0 else None,
         "requests_per_s": len(reqs) / wall if wall > 0 else None,
         "hit_tokens": tiers,
+        "unloaded_tokens": unloaded,
         "hit_fraction": hits / prompt if prompt else None,
         "computed_tokens": prompt - hits,
         "prefill_saved_s": sum(saved_s(r.hits) for r in reqs),
@@ -316,6 +321,7 @@ def render(report: VllmRunReport, console: Any) -> None:
             (f"tokens held at the end: {tier}", lambda x, t=tier: _held(x, t)),
         )
     rows += [
+        ("kvtier hits that failed to load", lambda x: str(x.get("unloaded_tokens", 0))),
         ("prompt tokens computed", lambda x: str(x["computed_tokens"])),
         ("prefill seconds saved", lambda x: _n(x["prefill_saved_s"], 1)),
         ("engine time waiting for KV", lambda x: _s(x["load_wait_s"])),

@@ -155,3 +155,17 @@ def test_a_log_emptied_and_refilled_to_the_same_length_is_noticed(tmp_path: Path
             _put(writer, fresh[-1:], 2)
         assert os.path.getsize(f.path + LOG) == offset  # where the reader stood
         assert reader.contains_many(fresh) == [True] * len(fresh)
+
+
+def test_a_file_that_appears_after_the_reader_opened_is_scanned_once(tmp_path: Path):
+    reader = SlabTier(NS_A, tmp_path, 4 * MiB, io="threads", rescan=0.0)
+    writer = SlabTier(NS_A, tmp_path, 4 * MiB, io="threads", rescan=0.0)
+    with reader, writer:
+        keys = [make_key(i) for i in range(6)]
+        _put(writer, keys[:5], 1)
+        writer._index[keys[0]].file.log._restart()  # the first five are no longer in the log
+        _put(writer, keys[5:], 1)
+        scans = _scans(reader)
+        assert reader.contains_many(keys) == [True] * 6
+        assert len(scans) == 1
+        assert _served(reader, keys) == [1] * 6

@@ -520,8 +520,12 @@ class SlabTier(FileTier):
             for path, slot_size in _slab_files(self.root):
                 if path in own:
                     continue
-                f = self._foreign.get(path) or self._open_foreign(path, slot_size)
-                changes = None if f is None else self._changes(f, now)
+                f = self._foreign.get(path)
+                if f is None:  # a new file: its log may have restarted since some blocks
+                    f = self._open_foreign(path, slot_size)
+                    changes = None if f is None else self._changes(f, now, scan=True)
+                else:
+                    changes = self._changes(f, now)
                 if changes is not None:
                     changed.append(changes)
             with self._lock:

@@ -392,10 +392,11 @@ def attach_connector_records(
         line = found.pop(0)
         r.connector = line
         hits = {ENGINE_TIER: int(line.get("local_hit_tokens") or 0)}
+        promised = 0  # kvtier's hits, as planned when the request was scheduled
         for tier, n in (line.get("hit_tokens") or {}).items():
             hits[str(tier)] = hits.get(str(tier), 0) + int(n)
+            promised += int(n)
         r.hit_tokens = hits
-        promised = sum(int(n) for n in (line.get("hit_tokens") or {}).values())
         loaded = line.get("loaded_tokens")
         r.unloaded_tokens = max(0, promised - int(loaded)) if loaded is not None else 0
         wait = line.get("load_wait_s")

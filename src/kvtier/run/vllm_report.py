@@ -126,7 +126,7 @@ def summarize_phase(phase: PhaseResult, saved_s) -> dict[str, Any]:
         for tier, n in r.hit_tokens.items():
             tiers[tier] = tiers.get(tier, 0) + int(n)
     unloaded = sum(r.unloaded_tokens for r in reqs)
-    hits = sum(tiers.values()) - unloaded
+    hits = sum(r.hits for r in reqs)
     waits = [r.load_wait_s for r in reqs if r.load_wait_s is not None]
     wall = phase.wall_s
     m = phase.metrics

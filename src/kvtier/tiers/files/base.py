@@ -11,7 +11,8 @@ and publishes a write, retires a block and recovers its books on open.
 
 A full filesystem (ENOSPC, EDQUOT, or no inodes left) lowers the ledger's limit to what the tier
 holds then, so later writes evict to make room as they would at ``size=``; while lowered, the
-limit follows the filesystem's free space again, checked at most once a second.
+limit follows the filesystem's free space again, checked at most once a second. Out of inodes,
+``file://`` also removes a file (and an emptied folder) for each one a write needs.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
+from kvtier.specs.units import format_bytes
+from kvtier.tiers.io.buffers import host_memory
 from kvtier.tiers.url import (
     CODEC_CHOICES,
     EVICTION_CHOICES,
@@ -47,6 +49,15 @@ class FileTierOptions(UrlOptions):
         "choice", "kv", choices=CODEC_CHOICES, help="how blocks are stored (raw: as they are)"
     )
 
+    def check(self) -> None:
+        """Staging no host could give is refused when the URL is given (as memory's size=)."""
+        ram = host_memory()
+        if self.staging is not None and self.staging > ram:
+            raise ConfigError(
+                f"staging={size_text(self.staging)} is more than this host's RAM "
+                f"({format_bytes(ram)}); give a smaller staging= or leave it out"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class PerBlockOptions(FileTierOptions):
@@ -69,6 +80,7 @@ class SlabOptions(FileTierOptions):
 
     def check(self) -> None:
         """A slot larger than the capacity could never be filled."""
+        super().check()
         if self.slot > self.size:
             raise ConfigError(
                 f"slot={size_text(self.slot)} larger than size={size_text(self.size)}: "

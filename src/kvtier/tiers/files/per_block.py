@@ -68,6 +68,8 @@ SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
 FREE_DIR = "free"
 STALE_TMP_SECONDS = 3600.0
+#: Files removed, at most, to find an inode for a new block file or folder when none is left.
+INODE_TRIES = 8
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -383,26 +385,73 @@ class DiskTier(FileTier):
         when there is no room (the filesystem's included)."""
         final = self.block_path(key)
         folder = final[: final.rindex("/")]
-        try:
-            if folder not in self._dirs:
+        if folder not in self._dirs:
+            if not self._make_folder(folder):
+                return None
+            self._dirs.add(folder)
+        for _ in range(INODE_TRIES):
+            with self._lock:
+                ok, reuse = self._make_room_locked(size)
+            if not ok:
+                return None
+            try:
+                return self._create_tmp(final, reuse)
+            except BaseException as exc:
+                self._unreserve(size)
+                if isinstance(exc, FileNotFoundError):  # its folder went for an inode meanwhile
+                    self._dirs.discard(folder)
+                    if not self._make_folder(folder):
+                        return None
+                    self._dirs.add(folder)
+                    continue
+                if not isinstance(exc, OSError) or exc.errno not in NOSPACE:
+                    raise
+            # no inode for the file: lower the limit, free one, and try again
+            self._out_of_space()
+            with self._lock:
+                if not self._free_inode_locked():
+                    return None
+        return None
+
+    def _make_folder(self, folder: str) -> bool:
+        """Create a block folder; with no inode left for it, free one (a kept file's, else the
+        next victim's) and try again, as a write evicts for room. False when none frees."""
+        for _ in range(INODE_TRIES):
+            try:
                 os.makedirs(folder, exist_ok=True)
-                self._dirs.add(folder)
-        except OSError as exc:
-            if exc.errno in NOSPACE:  # no inode for the folder: evicting files cannot help
-                return None
-            raise
-        with self._lock:
-            ok, reuse = self._make_room_locked(size)
-        if not ok:
-            return None
+                return True
+            except OSError as exc:
+                if exc.errno not in NOSPACE:
+                    raise
+            self._out_of_space()
+            with self._lock:
+                if not self._free_inode_locked():
+                    return False
+        return False
+
+    def _free_inode_locked(self) -> bool:
+        """Remove one file: a kept one, else the policy's next victim's (not kept for reuse)."""
+        ledger = self.ledger
+        given = self._free.drop_one() if ledger.kept else 0
+        if given:
+            ledger.reclaimed(given)
+            return True
+        pinned = self.is_pinned if self._pinned is not None else None
+        spill = self._spill if self.spilling else None
+        return ledger.evict_one(self._remove, spill=spill, pinned=pinned)
+
+    def _remove(self, key: bytes, entry: _Entry, size: int) -> None:
+        """A block left the books and its file goes, with its folder if that is now empty (an
+        inode is wanted back: a folder per block is what a filesystem short of them holds)."""
+        self.ledger.release(size)
+        path = self.block_path(key)
+        unlink(path)
+        folder = path[: path.rindex("/")]
         try:
-            return self._create_tmp(final, reuse)
-        except BaseException as exc:
-            self._unreserve(size)
-            if isinstance(exc, OSError) and exc.errno in NOSPACE:
-                self._out_of_space()
-                return None
-            raise
+            os.rmdir(folder)
+        except OSError:
+            return  # not empty (or already gone)
+        self._dirs.discard(folder)
 
     def _reuse_locked(self, size: int) -> str | None:
         return self._free.take(size) if self.recycle else None

@@ -1,36 +1,9 @@
 """Local-disk tier in slab files (``slab://``): fixed-size slots, one positional op per block.
 
-Layout: ``<dir>/<namespace hex>/<writer id>-<slot bytes>.slab``. A slot is a header page and the
-payload in whole pages; its size (its *class*) is that of the first block written into it, or at
-least ``slot=``, so blocks of one shape share one file per writer. A write is one ``pwritev``
-(io_uring or threads, ``depth`` in flight) of ``[header page][payload pages][tail page]`` at a
-free slot's offset: no open, rename or lease per block. Files are opened once (O_DIRECT where
-the filesystem takes it) and grow by preallocated chunks scaled to ``size=``, so the files'
-bytes on disk stay near it (``usage().footprint_bytes`` reports them).
-
-Publication is by checksum: the header carries a write sequence number in its reserved padding
-(covered by the checksum), so a torn write never validates and the newest block of a key wins.
-A write never lands in a slot the index points to: an overwrite takes a fresh slot and frees the
-old one once the new block is published. ``delete`` zeroes the slot's header page on disk.
-
-Writers: a process writes only the files it holds an exclusive ``flock`` on: those it creates
-and those of dead writers it adopts at open. A file closed cleanly leaves a ``.clean`` marker;
-one adopted without it has every slot's checksum verified first. Files other live processes
-write are read-only here, rescanned on a look-up or a missed read (at most every ``rescan``
-seconds) by following the index log their writer appends to
-(:mod:`~kvtier.tiers.files.slab_log`: only the blocks published, and the slots vacated, since
-the last look), or slot by slot where the log cannot be followed; their blocks are served after
-the same checks but never evicted or counted here (the ledger lists them uncharged), and a
-failed check on one is a miss (its writer may have reused the slot).
-
-Capacity (the ledger): slots holding blocks plus free slots still holding bytes stay within
-``size``; a coded block's slot is its stored size rounded up to a size class
-(:func:`coded_size_class`), so the codec's gain is kept on disk and counted against ``size``;
-to make room a put reuses a free slot of its class, else takes a new one, else punches
-out a free slot of another class (``fallocate(PUNCH_HOLE)``), else evicts. A block of this
-writer that fails its checks raises a ``BlockError`` until it is deleted. Batches on io_uring
-take the ring batch path (``io.batch``); other codecs, unaligned buffers and failed checks take
-the general path, which raises the precise error.
+Blocks of one size class share a few files per writer; a write is one ``pwritev`` of header,
+payload and tail at a free slot, published by its checksum; other live writers' blocks are
+followed through their index log. Layout, publication, writers, capacity: docs/ARCHITECTURE.md
+("The slab tier").
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Shared fixtures; services (Redis, S3) and the model are started by the fixtures needing them."""
+"""Shared fixtures; services (Redis, S3) and the model are started by the fixtures needing them.
+
+Tests that run the real model, a real vLLM engine or a real server are marked ``slow`` or
+``services`` here by the fixtures they use (and by hand where no fixture tells), so the fast
+lane (``make check``: ``-m "not slow and not services"``) leaves them to ``make test``.
+"""
 
 import os
 
@@ -11,6 +16,24 @@ from kvtier.testing.service_fixtures import (  # noqa: F401 - fixtures
     s3_server,
     spawn_server,
 )
+
+#: Fixtures that load the real model, start vLLM or start a server: their tests are slow.
+SLOW_FIXTURES = frozenset(
+    {"text_tokens", "embedded_fp32_tok", "tiny_profile", "smol_fp32", "smol_bf16"}
+)
+SERVICE_FIXTURES = frozenset(
+    {"redis_server", "redis_cluster", "s3_server", "s3_env", "spawn_server"}
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark tests slow or services by the fixtures they use."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if names & SERVICE_FIXTURES:
+            item.add_marker(pytest.mark.services)
 
 
 @pytest.fixture(scope="session")

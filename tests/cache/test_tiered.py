@@ -197,3 +197,20 @@ def test_pin_uses_the_default_ttl(memory_tier, make_cache):
     cache = make_cache([memory_tier(4)], lease_ttl_s=5)
     lease = cache.pin(chunk_keys(1))
     assert 4 < lease.expires_at - time.monotonic() <= 5
+
+
+def test_evictions_reach_listeners_and_every_change_moves_the_epoch(memory_tier, make_cache):
+    cache = make_cache([memory_tier(4, name="host")])
+    evicted: list[tuple[str, bytes]] = []
+    cache.add_eviction_listener(lambda tier, key: evicted.append((tier, key)))
+    start = cache.epoch
+    keys = chunk_keys(6)
+    store_all(cache, keys[:4])
+    after_stores = cache.epoch
+    assert after_stores > start and evicted == []
+    store_all(cache, keys[4:])  # a tier of four chunks: two of the first ones leave
+    assert sorted(evicted) == sorted(("host", k) for k in keys[:2])
+    assert cache.epoch > after_stores
+    still = cache.epoch
+    cache.lookup(keys)  # a lookup changes nothing
+    assert cache.epoch == still

@@ -20,10 +20,11 @@ are called from several threads at once, so they must be thread-safe (the Tier c
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
@@ -65,6 +66,9 @@ class TieredCache:
         self.metrics = CacheMetrics(self.names, config.chunk_tokens, config.latency_buckets)
         self._leases = LeaseTable(config.max_lease_s)
         self._down_until = [0.0] * len(self._tiers)
+        self._changes = itertools.count(1)
+        self._epoch = 0
+        self._eviction_listeners: list[Callable[[str, bytes], None]] = []
         self._failures = [0] * len(self._tiers)  # failures in a row, per tier
         self._admit_lock = threading.Lock()
         self._block_bytes = config.block_bytes or 0
@@ -108,6 +112,21 @@ class TieredCache:
     def is_pinned(self, key: bytes) -> bool:
         """Whether an unexpired lease pins ``key``."""
         return self._leases.is_pinned(key)
+
+    @property
+    def epoch(self) -> int:
+        """Grows whenever what a lookup answers may have changed through this cache: a block
+        written, deleted or evicted, a tier taken out of use or back (other processes' writes
+        to shared tiers are not seen here)."""
+        return self._epoch
+
+    def _changed(self) -> None:
+        self._epoch = next(self._changes)
+
+    def add_eviction_listener(self, listener: Callable[[str, bytes], None]) -> None:
+        """Call ``listener(tier name, key)`` for every block a tier evicts (from the tier's
+        thread, maybe under its lock: keep it short and never call back into the cache)."""
+        self._eviction_listeners.append(listener)
 
     def tier_up(self, index: int) -> bool:
         """False while tier ``index`` is being skipped after a failure."""
@@ -391,6 +410,7 @@ class TieredCache:
                 self.metrics.count(t, dropped_writes=len(puts))
             return
         if deletes:
+            self._changed()
             try:
                 tier.delete_many(deletes)
             except Exception as exc:
@@ -414,6 +434,8 @@ class TieredCache:
         self._succeeded(t)
         self.metrics.observe("write", t, time.perf_counter() - began, len(todo))
         written = [j for j, ok in zip(todo, done, strict=True) if ok]
+        if written:
+            self._changed()
         self.metrics.count(
             t,
             writes=len(written),
@@ -426,6 +448,12 @@ class TieredCache:
     # --- tier events (called by tiers, possibly under their locks) -------------------------
     def _on_evicted(self, t: int, key: bytes) -> None:
         self.metrics.count(t, evictions=1)
+        self._changed()
+        for listener in self._eviction_listeners:
+            try:
+                listener(self.names[t], key)
+            except Exception:  # a listener's bug must not fail the tier's write
+                log.exception("kvtier cache: an eviction listener failed")
 
     def _on_spill(self, target: int, key: bytes, payload: memoryview, meta: BlockMeta) -> None:
         """The tier above ``target`` is about to evict ``key``: queue a copy for ``target``."""
@@ -450,6 +478,7 @@ class TieredCache:
             max(config.error_backoff_max_s, config.error_backoff_s),
         )
         self._down_until[t] = time.monotonic() + wait
+        self._changed()
         if was_up and self._failures[t] == 1:
             self.metrics.count(t, tier_outages=1)
             log.warning(
@@ -466,6 +495,7 @@ class TieredCache:
         if self._failures[t]:
             self._failures[t] = 0
             self._down_until[t] = 0.0
+            self._changed()
             log.warning("kvtier cache: tier %s answers again", self.names[t])
 
     def _down(self):

@@ -279,3 +279,54 @@ def test_a_request_vllm_schedules_at_once_is_not_looked_up_again_by_the_preloade
     finally:
         side.close()
     assert threads.count("kvtier-preload") == 1 and len(threads) == 2
+
+
+def test_preload_states_move_only_along_the_written_transitions():
+    from kvtier.engines.vllm.scheduler import PRELOAD_MOVES, Preload, _Request
+
+    st = _Request(None, 0.0)
+    for state in (Preload.QUEUED, Preload.LOOKING, Preload.MOVING, Preload.DONE, Preload.NONE):
+        st.move(state)
+        assert st.preload is state
+    with pytest.raises(AssertionError, match="preload"):
+        st.move(Preload.MOVING)  # nothing moves for a request the preloader never looked up
+    assert all(Preload.NONE in PRELOAD_MOVES[s] for s in Preload if s is not Preload.NONE)
+
+
+def test_a_waiting_requests_lookup_is_remembered_until_something_changes(dirs):
+    _host, disk = dirs
+    tokens = list(range(3000, 3000 + 3 * CHUNK + 1))
+    _on_disk(disk, tokens)
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False)
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        first = side.get_num_new_matched_tokens(req, 0)
+        assert first == (3 * CHUNK, True)
+        asked = side.cache.metrics.lookups
+        for _ in range(3):  # vLLM found no room for it and examines it again each step
+            assert side.get_num_new_matched_tokens(req, 0) == first
+        assert side.cache.metrics.lookups == asked  # no tier I/O
+        # a block written through this engine's cache may change the answer: asked anew
+        other = ChunkKeyer(NS, CHUNK).keys(list(range(9000, 9000 + CHUNK)))
+        side.cache.store(other, [np.zeros(GEOMETRY.chunk_bytes(CHUNK), np.uint8)])
+        assert side.cache.flush(10)
+        assert side.get_num_new_matched_tokens(req, 0) == first
+        assert side.cache.metrics.lookups == asked + 1
+        stats = side.take_stats()
+        assert stats is not None and stats.data["counts"]["remembered_lookups"] == 3
+    finally:
+        side.close()
+    # with no time to live every examination looks up (another engine may have stored)
+    side = SchedulerSide(
+        ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False, lookup_ttl_s=0), NS, GEOMETRY
+    )
+    try:
+        req = _request(tokens, "r2")
+        side.on_new_request(req)
+        side.get_num_new_matched_tokens(req, 0)
+        side.get_num_new_matched_tokens(req, 0)
+        assert side.cache.metrics.lookups == 2
+    finally:
+        side.close()

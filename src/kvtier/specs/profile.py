@@ -10,9 +10,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import yaml
-
-from kvtier.errors import SpecError
+from kvtier.errors import MissingExtraError, SpecError
 from kvtier.specs.hardware import GPU, Link, Storage
 from kvtier.specs.model import ModelSpec
 
@@ -50,14 +48,36 @@ def load_profile(path: str | Path) -> Profile:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read profile {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {exc}") from None
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{path} is not valid TOML: {exc}") from None
+    else:
+        data = _yaml(path, text)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(f"{path} must hold tables models/gpus/links/storage")
+    return _tables(data, path)
+
+
+def _yaml(path: Path, text: str) -> object:
+    """A YAML profile's data (pyyaml comes with the ``tools`` extra)."""
+    try:
+        import yaml
+    except ImportError:
+        raise MissingExtraError(
+            f"{path}: YAML profiles need pyyaml (pip install 'kvtier[tools]'), or give TOML"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {exc}") from None
+
+
+def _tables(data: dict, path: Path) -> Profile:
+    """The profile in a file's parsed tables."""
     kinds = {"models": ModelSpec, "gpus": GPU, "links": Link, "storage": Storage}
     unknown = set(data) - set(kinds)
     if unknown:

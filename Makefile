@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test lint plan clean setup setup-hf setup-vllm system-deps
+.PHONY: run test check lint plan clean setup setup-hf setup-vllm system-deps
 
 # The main job: the embedded model through vLLM's CPU build, alone and with kvtier's connector.
 run: $(VENV)/.vllm
@@ -14,6 +14,12 @@ run: $(VENV)/.vllm
 test:
 	$(MAKE) -j2 $(VENV)/.vllm system-deps
 	bash scripts/test.sh
+
+# The fast lane: lint and every test but those that run the real model, vLLM, real servers or
+# long I/O (marked slow or services); make test stays the whole suite and CI's command.
+check: $(VENV)/.vllm
+	bash scripts/system-deps.sh
+	bash scripts/test.sh -q -p no:cacheprovider -m "not slow and not services"
 
 lint: $(VENV)/.core
 	$(BIN)/ruff check src tests

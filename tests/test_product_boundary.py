@@ -37,7 +37,12 @@ def _loaded(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["kvtier.cache", "kvtier.tiers.registry", "kvtier.engines.vllm.connector"]
+    "module",
+    [
+        "kvtier.cache",
+        "kvtier.tiers.registry",
+        pytest.param("kvtier.engines.vllm.connector", marks=pytest.mark.slow),  # imports vLLM
+    ],
 )
 def test_the_product_loads_no_instrument(module):
     if module.startswith("kvtier.engines.vllm"):

@@ -681,6 +681,7 @@ for line in sys.stdin:
 """
 
 
+@pytest.mark.slow
 def test_client_worker_round_trip(monkeypatch, tmp_path):
     (tmp_path / "fakeworker.py").write_text(FAKE_WORKER % str(PREFIX_FILE))
     monkeypatch.setattr("kvtier.bench.serve_client.WORKER_MODULE", "fakeworker")

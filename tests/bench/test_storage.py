@@ -203,6 +203,7 @@ def test_disk_repeats_alternate_with_fio_and_clean_up(tmp_path):
     assert list(tmp_path.iterdir()) == []  # fio's files and the tier's folder are gone
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_FIO, reason="fio is not installed")
 @pytest.mark.parametrize("scheme", ["file", "slab"])
 def test_disk_passes_take_turns_with_fio_slice_by_slice(tmp_path, scheme):

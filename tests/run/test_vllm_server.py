@@ -88,6 +88,7 @@ def _gone(pid: int) -> bool:
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_a_server_that_exits_is_reported_with_its_log(tmp_path):
     server = VllmServer(
         ServerConfig(tmp_path / "no-model", extra_args=("--no-such-flag",)), tmp_path / "s.log"

@@ -314,6 +314,21 @@ def test_a_waiting_requests_lookup_is_remembered_until_something_changes(dirs):
         assert side.cache.flush(10)
         assert side.get_num_new_matched_tokens(req, 0) == first
         assert side.cache.metrics.lookups == asked + 1
+        # the worker reports blocks landed in its tiers (its own process): asked anew
+        from kvtier.engines.vllm.metadata import KVTierWorkerMeta
+
+        report = KVTierWorkerMeta(prefills=[(96, 0, 0.05)], changed=True)
+        side.update_connector_output(
+            SimpleNamespace(
+                finished_recving=None,
+                invalid_block_ids=None,
+                kv_connector_stats=None,
+                kv_connector_worker_meta=report,
+            )
+        )
+        assert side.get_num_new_matched_tokens(req, 0) == first
+        assert side.cache.metrics.lookups == asked + 2
+        assert side.costs.prefill_samples == 1  # its measurement reached the cost model
         stats = side.take_stats()
         assert stats is not None and stats.data["counts"]["remembered_lookups"] == 3
     finally:

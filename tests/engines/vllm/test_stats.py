@@ -38,10 +38,15 @@ def test_a_caches_tier_errors_and_outages_are_carried_over_as_they_grow():
 
 
 def test_measurements_for_the_cost_model_survive_aggregation():
-    a = KVTierStats(data={"counts": {}, "observed": {}, "prefills": [(512, 0, 0.5)]})
-    b = KVTierStats(data={"counts": {}, "observed": {}, "loads": [("host", 10, 0.1, 1)]})
+    """They travel in the workers' reports (vLLM's worker-metadata channel), not in stats."""
+    from kvtier.engines.vllm.metadata import KVTierWorkerMeta
+
+    a = KVTierWorkerMeta(prefills=[(512, 0, 0.5)], synced=[("r1", 0.01)])
+    b = KVTierWorkerMeta(loads=[("host", 10, 0.1, 1)], changed=True)
     both = a.aggregate(b)
-    assert both.data["prefills"] == [(512, 0, 0.5)] and both.data["loads"] == [("host", 10, 0.1, 1)]
+    assert both.prefills == [(512, 0, 0.5)] and both.loads == [("host", 10, 0.1, 1)]
+    assert both.synced == [("r1", 0.01)] and both.changed
+    assert not KVTierWorkerMeta() and both
 
 
 def test_prometheus_series_carry_engine_and_tier_labels():

@@ -122,13 +122,13 @@ def test_the_forward_is_timed_without_the_synchronous_loads_before_it(worker):
     side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((0, 1),))]))
     side.wait_for_save()
     assert side.cache.flush(10)
-    side.take_stats()
+    side.take_report()
     job = LoadJob("r4", (ChunkLoad(key, (8, 9)),), (0,), sync=True)
     side.bind(KVTierMetadata(loads=[job], prefill=(64, 32)))
     side.start_load_kv()  # vLLM calls it before the forward when a load is synchronous
     time.sleep(0.2)  # the forward
     side.wait_for_save()
-    (sample,) = side.take_stats().data["prefills"]
+    (sample,) = side.take_report().prefills
     assert sample[:2] == (64, 32) and 0.2 <= sample[2] < 1.0
 
 

@@ -44,6 +44,7 @@ CONNECTOR_API: Mapping[str, tuple[str, ...]] = {
     "bind_connector_metadata": ("connector_metadata",),
     "clear_connector_metadata": (),
     "get_kv_connector_stats": (),
+    "build_connector_worker_meta": (),
     "shutdown": (),
     "build_kv_connector_stats": ("data",),
     "build_prom_metrics": ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),

@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 from kvtier.engines.vllm.config import ConnectorConfig  # noqa: E402
 from kvtier.engines.vllm.identity import engine_geometry, engine_namespace  # noqa: E402
-from kvtier.engines.vllm.metadata import KVTierMetadata  # noqa: E402
+from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta  # noqa: E402
 from kvtier.engines.vllm.scheduler import SchedulerSide  # noqa: E402
 from kvtier.engines.vllm.stats import KVTierPromMetrics, KVTierStats  # noqa: E402
 from kvtier.engines.vllm.worker import WorkerSide  # noqa: E402
@@ -103,6 +103,9 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
         return  # stores copy their blocks out within the step: nothing refers to freed blocks
+
+    def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
+        return self._worker.take_report() if self._worker is not None else None
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
         side = self._worker or self._scheduler

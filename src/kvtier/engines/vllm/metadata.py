@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-try:  # the base class exists only where vLLM is installed; the data is plain either way
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+try:  # the base classes exist only where vLLM is installed; the data is plain either way
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorMetadata,
+        KVConnectorWorkerMetadata,
+    )
 except ImportError:  # pragma: no cover - used without vLLM only by tests of the plain data
 
     class KVConnectorMetadata:  # type: ignore[no-redef]
+        """Stand-in base when vLLM is absent."""
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
         """Stand-in base when vLLM is absent."""
 
 
@@ -67,4 +73,32 @@ class KVTierMetadata(KVConnectorMetadata):
     prefill: tuple[int, int] | None = None  # (new, cached) when one request prefills alone
 
 
-__all__ = ["ChunkLoad", "KVTierMetadata", "LoadJob", "StoreJob"]
+@dataclass
+class KVTierWorkerMeta(KVConnectorWorkerMetadata):
+    """What the worker side tells the scheduler side after a step, through vLLM's channel for
+    it: loads finished inside the step (``synced``: request id, seconds), and measurements for
+    the cost model (``prefills``: new tokens, cached tokens, forward seconds; ``loads``: tier,
+    bytes, seconds, chunks), and whether blocks landed in or left its tiers since its last
+    report (``changed``: what a lookup answers may have changed)."""
+
+    synced: list[tuple[str, float]] = field(default_factory=list)
+    prefills: list[tuple[int, int, float]] = field(default_factory=list)
+    loads: list[tuple[str, int, float, int]] = field(default_factory=list)
+    changed: bool = False
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
+        """Both workers' reports of one step, as one."""
+        if not isinstance(other, KVTierWorkerMeta):
+            return self
+        return KVTierWorkerMeta(
+            self.synced + other.synced,
+            self.prefills + other.prefills,
+            self.loads + other.loads,
+            self.changed or other.changed,
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.synced or self.prefills or self.loads or self.changed)
+
+
+__all__ = ["ChunkLoad", "KVTierMetadata", "KVTierWorkerMeta", "LoadJob", "StoreJob"]

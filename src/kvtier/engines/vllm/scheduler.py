@@ -34,7 +34,13 @@ from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
 from kvtier.engines.vllm.identity import EngineGeometry
-from kvtier.engines.vllm.metadata import ChunkLoad, KVTierMetadata, LoadJob, StoreJob
+from kvtier.engines.vllm.metadata import (
+    ChunkLoad,
+    KVTierMetadata,
+    KVTierWorkerMeta,
+    LoadJob,
+    StoreJob,
+)
 from kvtier.engines.vllm.records import RecordWriter
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
@@ -402,13 +408,15 @@ class SchedulerSide:
         )
 
     def update_connector_output(self, connector_output) -> None:
-        """Loads the worker finished: count and record them; measurements feed the cost model."""
+        """Loads the worker finished: count and record them; its measurements feed the cost
+        model (both from the worker's report, :class:`KVTierWorkerMeta`)."""
         now = time.monotonic()
         failed = set(connector_output.invalid_block_ids or ())
-        stats = connector_output.kv_connector_stats
-        data = stats.data if stats is not None else {}
+        report = getattr(connector_output, "kv_connector_worker_meta", None)
+        if not isinstance(report, KVTierWorkerMeta):
+            report = KVTierWorkerMeta()
         waits = {req_id: now for req_id in connector_output.finished_recving or ()}
-        synced = {req_id: seconds for req_id, seconds in data.get("synced", ())}
+        synced = dict(report.synced)
         for req_id in set(waits) | set(synced):
             with self._lock:
                 st = self._inflight.pop(req_id, None)
@@ -416,10 +424,12 @@ class SchedulerSide:
                 continue
             wait = synced[req_id] if req_id in synced else now - st.load_started
             self._finish_load(st, wait, failed, now)
-        if data:
-            self._learn(data)
-            if data.get("counts", {}).get("stored_chunks"):
-                self._stores_planned += 1  # the worker's stores landed: look up anew
+        for new, cached, seconds in report.prefills:
+            self.costs.observe_prefill(new, cached, seconds)
+        for tier, nbytes, seconds, chunks in report.loads:
+            self.costs.observe_load(tier, nbytes, seconds, chunks)
+        if report.changed:
+            self._stores_planned += 1  # blocks landed in (or left) the worker's tiers
 
     def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
         assert st.load is not None
@@ -446,12 +456,6 @@ class SchedulerSide:
                 st.stored = min(st.stored, first_bad)
         self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
         st.load = None
-
-    def _learn(self, data: dict) -> None:
-        for new, cached, seconds in data.get("prefills", ()):
-            self.costs.observe_prefill(new, cached, seconds)
-        for tier, nbytes, seconds, chunks in data.get("loads", ()):
-            self.costs.observe_load(tier, nbytes, seconds, chunks)
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
         """A request is done: forget it (its stores were copied out when computed)."""

@@ -137,10 +137,7 @@ class KVTierStats(KVConnectorStats):
         observed = {k: list(v) for k, v in self.data["observed"].items()}
         for key, values in other.data.get("observed", {}).items():
             observed.setdefault(key, []).extend(values)
-        data: dict[str, Any] = {"counts": counts, "observed": observed}
-        for key in ("prefills", "loads", "synced"):  # measurements for the scheduler's cost model
-            data[key] = list(self.data.get(key, ())) + list(other.data.get(key, ()))
-        return KVTierStats(data=data)
+        return KVTierStats(data={"counts": counts, "observed": observed})
 
     def reduce(self) -> dict[str, int | float]:
         out: dict[str, int | float] = {

@@ -32,7 +32,7 @@ from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.identity import EngineGeometry
-from kvtier.engines.vllm.metadata import KVTierMetadata, LoadJob
+from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
 from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError
@@ -90,6 +90,7 @@ class WorkerSide:
         self._errors: set[int] = set()
         self._lock = threading.Lock()
         self._learned: dict[str, list] = {"prefills": [], "loads": [], "synced": []}
+        self._reported_epoch = 0  # the cache's epoch at the last report to the scheduler
         self._bound_at = 0.0
         self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
         self._meta_now: KVTierMetadata | None = None
@@ -283,15 +284,18 @@ class WorkerSide:
         return errors
 
     def take_stats(self) -> KVTierStats | None:
-        """Counters and measurements since the last call."""
-        stats = self.counters.take()
+        """Counters since the last call."""
+        return self.counters.take()
+
+    def take_report(self) -> KVTierWorkerMeta | None:
+        """Loads finished in the step, measurements and changes since the last call, for the
+        scheduler side (None when there is nothing to tell)."""
         with self._lock:
             learned, self._learned = self._learned, {"prefills": [], "loads": [], "synced": []}
-        if not any(learned.values()):
-            return stats
-        stats = stats or KVTierStats()
-        stats.data.update(learned)
-        return stats
+        epoch = self.cache.epoch
+        changed, self._reported_epoch = epoch != self._reported_epoch, epoch
+        report = KVTierWorkerMeta(learned["synced"], learned["prefills"], learned["loads"], changed)
+        return report or None
 
     def close(self) -> None:
         """Finish loads and queued stores, close the tiers."""

@@ -53,7 +53,7 @@ from kvtier.keys import Namespace
 from kvtier.specs import MiB, ModelSpec, format_bytes, get_model
 from kvtier.specs.model import dtype_bytes
 from kvtier.tiers import Tier, TierURL, open_tier
-from kvtier.tiers.base import IOProfile
+from kvtier.tiers.files.base import FileTier, IOProfile
 from kvtier.tiers.registry import DIRECTORY_SCHEMES
 
 StepCallback = Callable[[str], None]
@@ -237,7 +237,7 @@ class StorageBenchConfig:
 
 def disk_io_profile(tier: Tier) -> IOProfile | None:
     """The I/O profile a file tier declares (None for other media): fio does the same."""
-    return tier.io_profile
+    return tier.io_profile if isinstance(tier, FileTier) else None
 
 
 def url_codec(url: str) -> str:
@@ -254,7 +254,7 @@ def url_codec(url: str) -> str:
 
 def native_depth(tier: Tier) -> int | None:
     """The tier's own I/O depth when it runs batches in parallel itself (disk tier ``depth=``)."""
-    profile = tier.io_profile
+    profile = disk_io_profile(tier)
     return profile.depth if profile is not None else None
 
 

@@ -5,12 +5,12 @@ Tiers are ordered fast→slow. A chunk "lives" in the fastest tier holding it. T
 a bad block is a counted miss (and is deleted), a failing tier is a counted miss and is skipped
 for a while, a full write queue drops the write and counts it.
 
-The skipping is a circuit breaker: a tier that raised is skipped for ``error_backoff_s``, then
-one call tries it again; each further failure in a row doubles the wait, up to
-``error_backoff_max_s``, and the first success closes the breaker. A tier whose server died or
-hangs thus costs one bounded timeout per wait, not one per request, and is used again within
-``error_backoff_max_s`` (plus one operation) of answering again. ``tier_down`` (a gauge) and
-``tier_outages`` (a counter) show it in the metrics.
+The skipping is a circuit breaker per tier (``breaker``, under a lock of its own): a tier
+that raised is skipped for ``error_backoff_s``, then one call tries it again; each further
+failure in a row doubles the wait, up to ``error_backoff_max_s``, and the first success closes
+the breaker. A tier whose server died or hangs thus costs one bounded timeout per wait, not one
+per request, and is used again within ``error_backoff_max_s`` (plus one operation) of answering
+again. ``tier_down`` (a gauge) and ``tier_outages`` (a counter) show it in the metrics.
 
 Threads: the caller's threads run lookup/load; one writer thread per tier drains that tier's
 bounded queue (stores, promotions, write-backs, deletes); a small pool runs prefetches. Tiers
@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
+from kvtier.cache.breaker import Breakers
 from kvtier.cache.config import CacheConfig
 from kvtier.cache.leases import Lease, LeaseTable
 from kvtier.cache.metrics import CacheMetrics
@@ -65,11 +66,12 @@ class TieredCache:
         self.names = _unique_names(self._tiers)
         self.metrics = CacheMetrics(self.names, config.chunk_tokens, config.latency_buckets)
         self._leases = LeaseTable(config.max_lease_s)
-        self._down_until = [0.0] * len(self._tiers)
+        self._breakers = Breakers(
+            len(self._tiers), config.error_backoff_s, config.error_backoff_max_s
+        )
         self._changes = itertools.count(1)
         self._epoch = 0
         self._eviction_listeners: list[Callable[[str, bytes], None]] = []
-        self._failures = [0] * len(self._tiers)  # failures in a row, per tier
         self._admit_lock = threading.Lock()
         self._block_bytes = config.block_bytes or 0
         self._closed = False
@@ -130,8 +132,7 @@ class TieredCache:
 
     def tier_up(self, index: int) -> bool:
         """False while tier ``index`` is being skipped after a failure."""
-        until = self._down_until[index]
-        return until == 0.0 or until <= time.monotonic()
+        return self._breakers.up(index)
 
     # --- lookup --------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> LookupResult:
@@ -470,16 +471,9 @@ class TieredCache:
     def _failed(self, t: int, op: str, exc: BaseException) -> None:
         """Open tier ``t``'s breaker: skip it for the back-off, doubled per failure in a row."""
         self.metrics.count(t, tier_errors=1)
-        was_up = self.tier_up(t)
-        self._failures[t] += 1
-        config = self.config
-        wait = min(
-            config.error_backoff_s * 2 ** min(self._failures[t] - 1, 30),
-            max(config.error_backoff_max_s, config.error_backoff_s),
-        )
-        self._down_until[t] = time.monotonic() + wait
+        opened = self._breakers.failed(t)
         self._changed()
-        if was_up and self._failures[t] == 1:
+        if opened.first:
             self.metrics.count(t, tier_outages=1)
             log.warning(
                 "kvtier cache: tier %s failed on %s (%s: %s); treating it as a miss for %.1f s",
@@ -487,14 +481,12 @@ class TieredCache:
                 op,
                 type(exc).__name__,
                 exc,
-                wait,
+                opened.wait_s,
             )
 
     def _succeeded(self, t: int) -> None:
         """Close tier ``t``'s breaker after an operation it answered."""
-        if self._failures[t]:
-            self._failures[t] = 0
-            self._down_until[t] = 0.0
+        if self._breakers.succeeded(t):
             self._changed()
             log.warning("kvtier cache: tier %s answers again", self.names[t])
 
@@ -575,6 +567,8 @@ class TieredCache:
                 break
             self.metrics.count(0, writes=1, bytes_written=header.raw_len, promotions=1)
             moved += 1
+        if moved:
+            self._changed()
         return moved
 
     def pin(self, keys: Sequence[bytes], ttl_s: float | None = None) -> Lease:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, get_codec
@@ -48,24 +47,6 @@ class TierUsage:
     blocks: int
     notes: tuple[str, ...] = ()
     footprint_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class IOProfile:
-    """How a tier on a local filesystem does its I/O, declared for benchmarks that compare it
-    with fio doing the same: engine, O_DIRECT, O_DSYNC, depth, and the file layout."""
-
-    directory: Path
-    ioengine: str  # fio's name for the tier's engine: "io_uring" or "psync"
-    direct: bool
-    sync: bool
-    depth: int  # operations the tier keeps in flight itself
-    layout: Literal["file", "per-block"]  # slots of one preallocated file, or a file per block
-    page: int = 4096  # a block is one header page, then its payload padded to whole pages
-
-    def file_bytes(self, payload: int) -> int:
-        """Bytes a block with ``payload`` stored bytes takes in its file."""
-        return self.page + -(-payload // self.page) * self.page
 
 
 @dataclass(frozen=True)
@@ -222,11 +203,6 @@ class Tier(ABC):
         """Make the I/O buffers of ``callers`` concurrent readers or writers of blocks of
         ``block_bytes`` now (when an engine starts), so that the first reads and writes do not
         map and fault them in; nothing where a tier keeps no such buffers."""
-
-    @property
-    def io_profile(self) -> IOProfile | None:
-        """How the tier does file I/O (None: not a tier on a local filesystem)."""
-        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files, sockets and threads."""

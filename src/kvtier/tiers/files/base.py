@@ -5,7 +5,7 @@ A file tier keeps its blocks under ``<directory>/<namespace hex>/`` and its book
 tier opens), the ``direct=`` resolution (O_DIRECT where the filesystem takes it, else buffered
 with a note), ``sync=``, the I/O backend and its ring staging budget, the notes shown in
 ``usage()``, the batched get/put driver over the backend, eviction with spill, the handling of a
-filesystem that fills up before ``size=``, and the :class:`~kvtier.tiers.base.IOProfile` that
+filesystem that fills up before ``size=``, and the :class:`IOProfile` that
 benchmarks read. A subclass gives what differs: how it locates, plans and checks a read, plans
 and publishes a write, retires a block and recovers its books on open.
 
@@ -25,14 +25,15 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, BufferTooSmallError
 from kvtier.codec.container import RAW_META, Encoded, encode_payload, stored_raw
 from kvtier.codec.parallel import Decoders, EncodeAhead
 from kvtier.errors import ConfigError
-from kvtier.tiers.base import IOProfile, Tier, TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.files.options import FileTierOptions
 from kvtier.tiers.io import batch as _short
 from kvtier.tiers.io.backends import IOBackend, IOOp, UringIO, make_backend, run_inline
@@ -61,6 +62,24 @@ Finish = Callable[[Any, int], Any]
 
 class BlockIOError(BlockError):
     """The device failed to read a block (EIO …): served as a miss, like a damaged block."""
+
+
+@dataclass(frozen=True)
+class IOProfile:
+    """How a tier on a local filesystem does its I/O, declared for benchmarks that compare it
+    with fio doing the same: engine, O_DIRECT, O_DSYNC, depth, and the file layout."""
+
+    directory: Path
+    ioengine: str  # fio's name for the tier's engine: "io_uring" or "psync"
+    direct: bool
+    sync: bool
+    depth: int  # operations the tier keeps in flight itself
+    layout: Literal["file", "per-block"]  # slots of one preallocated file, or a file per block
+    page: int = 4096  # a block is one header page, then its payload padded to whole pages
+
+    def file_bytes(self, payload: int) -> int:
+        """Bytes a block with ``payload`` stored bytes takes in its file."""
+        return self.page + -(-payload // self.page) * self.page
 
 
 class FileTier(Tier):

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import xxhash
-
+from kvtier.engines.vllm.records import prompt_hash
 from kvtier.engines.vllm.scrape import (
     METRIC_PREFIXES,
     metrics_delta,
@@ -30,12 +28,6 @@ from kvtier.errors import KvtierError
 
 class RequestError(KvtierError):
     """A completion request failed (HTTP error, broken stream, or no token came back)."""
-
-
-def prompt_hash(token_ids: Iterable[int]) -> str:
-    """xxh3-64 (hex) of token ids as little-endian uint32: how the connector's records name a
-    prompt."""
-    return xxhash.xxh3_64_hexdigest(np.asarray(list(token_ids), "<u4").tobytes())
 
 
 @dataclass

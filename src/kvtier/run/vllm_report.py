@@ -14,6 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 SCHEMA = "kvtier.run.vllm/1"
 #: The engine's own prefix cache in a record's ``hit_tokens`` (the others are kvtier's tiers).
 ENGINE_TIER = "vllm"
@@ -100,13 +102,7 @@ class PhaseResult:
 
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q``-th percentile (0–100, linear interpolation) of ``values``; None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(values, q)) if values else None
 
 
 def _metric(metrics: dict[str, float], name: str) -> float | None:

@@ -4,6 +4,7 @@ prefill and copy speed. Every reported figure names it, and the vLLM engine's dt
 from __future__ import annotations
 
 import platform
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,4 +58,19 @@ def _model(cpu: HostCPU | None) -> str:
     return (cpu.model if cpu else "") or platform.processor() or platform.machine() or "unknown"
 
 
-__all__ = ["CPUINFO", "SPEED_FLAGS", "HostCPU", "cpu_description", "cpu_model", "read_cpu"]
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (loopback) nobody listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+__all__ = [
+    "CPUINFO",
+    "SPEED_FLAGS",
+    "HostCPU",
+    "cpu_description",
+    "cpu_model",
+    "free_port",
+    "read_cpu",
+]

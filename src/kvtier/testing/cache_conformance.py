@@ -83,6 +83,19 @@ def store_all(cache: TieredCache, keys: Sequence[bytes]) -> int:
     return queued
 
 
+def fill_tier(url: str, namespace: Namespace, keys: Sequence[bytes], chunk_bytes: int) -> None:
+    """Store blocks of ``chunk_bytes`` under ``keys`` in the tier at ``url`` and close it, as an
+    earlier engine would have (block ``i`` holds the byte ``i``)."""
+    from kvtier.tiers.registry import open_tier
+
+    tier = open_tier(url, namespace.id)
+    cache = TieredCache([tier], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    cache.store(list(keys), [np.full(chunk_bytes, i, np.uint8) for i in range(len(keys))])
+    assert cache.flush(10), "background writes did not finish"
+    cache.close()
+    tier.close()
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Poll ``condition`` until true or ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtier.errors import KvtierError
+from kvtier.specs.host import free_port
 
 #: Set to 1 to skip (not fail) tests needing servers whose binaries are missing (never in CI).
 ALLOW_SKIP_ENV = "KVTIER_ALLOW_SKIP_SERVICES"
@@ -101,13 +102,6 @@ def _end(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def _free_ports(n: int, spacing: int = 0) -> list[int]:

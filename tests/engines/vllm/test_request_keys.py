@@ -12,15 +12,13 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from kvtier.cache import CacheConfig, TieredCache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.keys import PLAIN, ChunkKeyer, Namespace
-from kvtier.tiers.registry import open_tier
+from kvtier.testing.cache_conformance import fill_tier
 
 vllm = pytest.importorskip("vllm")
 import torch  # noqa: E402
@@ -153,13 +151,7 @@ def tiers(tmp_path):
 def _stored_plain(disk_url: str) -> list[bytes]:
     """Plain chunks of TOKENS on the disk tier, keyed as kvtier always keyed plain tokens."""
     keys = KEYER.keys(TOKENS)
-    tier = open_tier(disk_url, NS.id)
-    cache = TieredCache([tier], CacheConfig(chunk_tokens=CHUNK))
-    chunk_bytes = GEOMETRY.chunk_bytes(CHUNK)
-    cache.store(keys, [np.full(chunk_bytes, i, np.uint8) for i in range(len(keys))])
-    assert cache.flush(10)
-    cache.close()
-    tier.close()
+    fill_tier(disk_url, NS, keys, GEOMETRY.chunk_bytes(CHUNK))
     return keys
 
 

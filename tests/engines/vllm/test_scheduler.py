@@ -15,11 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvtier.cache import CacheConfig, TieredCache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.keys import ChunkKeyer, Namespace
-from kvtier.tiers.registry import open_tier
+from kvtier.testing.cache_conformance import fill_tier
 
 vllm = pytest.importorskip("vllm")
 from vllm import SamplingParams  # noqa: E402
@@ -67,13 +66,7 @@ def dirs(tmp_path):
 def _on_disk(disk_url: str, tokens: list[int]) -> list[bytes]:
     """Store the chunks of ``tokens`` in the disk tier only (as an earlier engine would)."""
     keys = ChunkKeyer(NS, CHUNK).keys(tokens)
-    tier = open_tier(disk_url, NS.id)
-    cache = TieredCache([tier], CacheConfig(chunk_tokens=CHUNK))
-    chunk_bytes = GEOMETRY.chunk_bytes(CHUNK)
-    cache.store(keys, [np.full(chunk_bytes, i, np.uint8) for i in range(len(keys))])
-    assert cache.flush(10)
-    cache.close()
-    tier.close()
+    fill_tier(disk_url, NS, keys, GEOMETRY.chunk_bytes(CHUNK))
     return keys
 
 

@@ -12,11 +12,21 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
+import xxhash
 
 log = logging.getLogger("kvtier.vllm")
 
 _STOP = object()
+
+
+def prompt_hash(token_ids: Iterable[int]) -> str:
+    """xxh3-64 (hex) of token ids as little-endian uint32: how a record names its prompt, and
+    how clients join their requests to the connector's records."""
+    return xxhash.xxh3_64_hexdigest(np.asarray(list(token_ids), dtype="<u4").tobytes())
 
 
 class RecordWriter:
@@ -67,4 +77,4 @@ class RecordWriter:
             log.warning("kvtier records: cannot write (%s)", exc)
 
 
-__all__ = ["RecordWriter"]
+__all__ = ["RecordWriter", "prompt_hash"]

@@ -27,7 +27,6 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from kvtier.cache.results import LookupResult
 from kvtier.engines.vllm.books import open_cache
@@ -41,7 +40,7 @@ from kvtier.engines.vllm.metadata import (
     LoadJob,
     StoreJob,
 )
-from kvtier.engines.vllm.records import RecordWriter
+from kvtier.engines.vllm.records import RecordWriter, prompt_hash
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import PLAIN, ChunkKeyer, KeyInputs, Namespace
@@ -54,11 +53,6 @@ BAD_KEY_S = 60.0
 #: Seconds a request waits in vLLM's queue before its preload looks it up: one vLLM schedules at
 #: once (the usual case with room in its pool) is looked up once, by vLLM's own call, not twice.
 PRELOAD_AFTER_S = 0.05
-
-
-def prompt_hash(token_ids) -> str:
-    """xxh3-64 (hex) of token ids as little-endian uint32: how records name a prompt."""
-    return xxhash.xxh3_64_hexdigest(np.asarray(token_ids, dtype="<u4").tobytes())
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.engines.vllm.processes import end_process_group, group_cpu_by_name, group_cpu_seconds
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.specs.host import free_port
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
 BLOCK_TOKENS = 128
@@ -129,13 +129,6 @@ class ServerConfig:
 def min_pool_blocks(max_model_len: int) -> int:
     """The smallest pool vLLM starts with: one request of ``max_model_len`` tokens, plus one."""
     return -(-max_model_len // BLOCK_TOKENS) + 1
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

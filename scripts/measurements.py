@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Render ``kvtier bench storage --json`` outputs into Markdown under ``docs/measurements/``.
+"""Render ``kvtier bench storage --json`` outputs into Markdown under ``docs/benchmarks/``.
 
-    scripts/measurements.py storage RUN.json [RUN.json …] --out docs/measurements/storage.md
-    scripts/measurements.py ab --before B.json … --after A.json … --out docs/measurements/x.md
-    scripts/measurements.py codec RUN.json [RUN.json …] --out docs/measurements/codec-tiers.md
+    scripts/measurements.py storage RUN.json [RUN.json …] --out docs/benchmarks/storage.md
+    scripts/measurements.py ab --before B.json … --after A.json … --out docs/benchmarks/x.md
+    scripts/measurements.py codec RUN.json [RUN.json …] --out docs/benchmarks/codec-tiers.md
 
 ``storage`` tabulates kvtier ÷ reference per block size, tier, operation and depth: the median
 over the runs given and their range, with the target and the verdict of the median. ``ab``

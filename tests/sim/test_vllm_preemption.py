@@ -1,6 +1,6 @@
 """The simulator reproduces vLLM's recompute preemption: replaying recorded vLLM runs of an
 over-committed workload (``kvtier run --no-kvtier``, a pool far smaller than the requests in
-flight need; ``docs/measurements/sim/``), each calibrated from another concurrency's run, gives
+flight need; ``docs/benchmarks/sim/``), each calibrated from another concurrency's run, gives
 preemption counts within 25 % of vLLM's own counter (``vllm:num_preemptions_total``)."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 from kvtier.cli.main import app
 from kvtier.testing.cli import run_cli
 
-RUNS = Path(__file__).resolve().parents[2] / "docs" / "measurements" / "sim" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "sim" / "runs"
 #: judged run → the run its calibration comes from (never itself)
 PAIRS = {"px4": "px8", "px6": "px4", "px8": "px6"}
 

@@ -150,7 +150,7 @@ def test_workload_files_are_read_and_bad_fields_named(tmp_path):
     from kvtier.errors import ConfigError
     from kvtier.workloads.longctx import LongContextSpec
 
-    shipped = Path(__file__).parents[2] / "docs" / "measurements" / "sim" / "wl100.json"
+    shipped = Path(__file__).parents[2] / "docs" / "benchmarks" / "sim" / "wl100.json"
     assert LongContextSpec.from_file(shipped).requests() == 103
     toml = tmp_path / "w.toml"
     toml.write_text("chat_sessions = 2\nvocab = [10, 20]\n")

@@ -338,3 +338,29 @@ def test_a_waiting_requests_lookup_is_remembered_until_something_changes(dirs):
         assert side.cache.metrics.lookups == 2
     finally:
         side.close()
+
+
+def test_with_a_tier_across_the_network_lookups_run_off_the_loop(redis_server, dirs):
+    host, _disk = dirs
+    shared = f"{redis_server.url}?prefix=sched-{uuid.uuid4().hex[:8]}&timeout=1&name=redis"
+    tokens = list(range(5000, 5000 + 2 * CHUNK + 3))
+    keys = ChunkKeyer(NS, CHUNK).keys(tokens)
+    fill_tier(shared, NS, keys, GEOMETRY.chunk_bytes(CHUNK))
+    config = ConnectorConfig(tiers=(host, shared), chunk_tokens=CHUNK, preload=False)
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        # EngineCore's loop never waits for Redis: "not yet" while the lookup is in flight
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+        pending = side._reqs["r1"].pending
+        assert pending is not None
+        pending.future.result(timeout=10)
+        assert side.get_num_new_matched_tokens(req, 0) == (2 * CHUNK, True)
+        asked = side.cache.metrics.lookups
+        assert side.get_num_new_matched_tokens(req, 0) == (2 * CHUNK, True)  # remembered
+        assert side.cache.metrics.lookups == asked == 1
+        stats = side.take_stats()
+        assert stats is not None and stats.data["counts"]["deferred_lookups"] == 1
+    finally:
+        side.close()

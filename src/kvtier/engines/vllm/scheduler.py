@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -64,6 +65,17 @@ class _Looked:
     epoch: tuple[int, int]
     at: float
     found: LookupResult
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A lookup asked off EngineCore's loop, and what it depended on when it was asked."""
+
+    local: int
+    keys: int
+    epoch: tuple[int, int]
+    at: float
+    future: Future[LookupResult]
 
 
 class Preload(StrEnum):
@@ -116,6 +128,7 @@ class _Request:
     hit_chunks: int = 0  # chunks kvtier held beyond vLLM's cache at the last lookup
     repeats: list[bool] | None = None  # per prompt chunk: an earlier prompt held it too
     looked: _Looked | None = None  # its last lookup, reused while nothing it depends on changed
+    pending: _Pending | None = None  # its lookup in flight off the loop (network tiers)
 
     def move(self, to: Preload) -> None:
         """Change the preload state along :data:`PRELOAD_MOVES` (the caller holds the lock)."""
@@ -147,6 +160,11 @@ class SchedulerSide:
         self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
+        # a lookup that may cross the network runs off EngineCore's loop
+        remote = any(tier.capabilities.shared for tier in self.cache.tiers)
+        self._lookups = (
+            ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup") if remote else None
+        )
         self.counters = ConnectorCounters(self.cache.metrics)
         self._admission = StoreAdmission(config.admit)
         self._reqs: dict[str, _Request] = {}
@@ -250,6 +268,9 @@ class SchedulerSide:
         except Exception as exc:  # a tier that cannot answer is a miss, never a failed request
             log.warning("kvtier lookup failed (%s); recomputing", exc)
             return 0, False
+        if found is None:  # asked off the loop: vLLM examines the request again next step
+            self.counters.add("deferred_lookups")
+            return None, False
         st.hit_chunks = found.hit_chunks
         if found.hit_chunks == 0:
             st.plan = None
@@ -279,11 +300,13 @@ class SchedulerSide:
         st.prefill_saved_s = saved or 0.0
         return want * self.chunk - num_computed_tokens, not st.sync
 
-    def _lookup(self, st: _Request, local: int, keys: list[bytes]) -> LookupResult:
+    def _lookup(self, st: _Request, local: int, keys: list[bytes]) -> LookupResult | None:
         """The tiers' answer for ``keys[local:]``: the request's last one while nothing it
         depends on changed (the same chunks asked, no store, eviction or outage since) and it
         is younger than ``lookup_ttl_s`` (other processes' stores send no notice), else asked
-        anew. vLLM re-examines a waiting request every step; this keeps that free of tier I/O."""
+        anew. vLLM re-examines a waiting request every step; this keeps that free of tier I/O.
+        With a tier across the network, asking anew happens on a thread of its own: None
+        ("not yet") until its answer is in, so EngineCore's loop never waits on a round trip."""
         now = time.monotonic()
         epoch = (self.cache.epoch, self._stores_planned)
         memo = st.looked
@@ -294,9 +317,21 @@ class SchedulerSide:
         ):
             self.counters.add("remembered_lookups")
             return memo.found
-        found = self.cache.lookup(keys[local:])
-        st.looked = _Looked(local, len(keys), epoch, now, found)
-        return found
+        if self._lookups is None:
+            found = self.cache.lookup(keys[local:])
+            st.looked = _Looked(local, len(keys), epoch, now, found)
+            return found
+        pending = st.pending
+        if pending is not None and (pending.local, pending.keys) == (local, len(keys)):
+            if not pending.future.done():
+                return None
+            st.pending = None
+            found = pending.future.result()  # raises what the lookup raised: a miss above
+            st.looked = _Looked(local, len(keys), pending.epoch, pending.at, found)
+            return found
+        future = self._lookups.submit(self.cache.lookup, keys[local:])
+        st.pending = _Pending(local, len(keys), epoch, now, future)
+        return None
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """vLLM allocated the request's blocks: plan the load into them."""
@@ -572,6 +607,8 @@ class SchedulerSide:
             self._preload_wake.notify_all()
         if self._preloader is not None:
             self._preloader.join(timeout=5)
+        if self._lookups is not None:
+            self._lookups.shutdown(wait=True, cancel_futures=True)
         self.cache.close()
         for tier in self.cache.tiers:
             tier.close()

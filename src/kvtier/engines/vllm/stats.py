@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - the counters are usable without vLLM
 COUNTERS = {
     "lookups": "requests kvtier looked up",
     "remembered_lookups": "re-examinations of a waiting request answered without tier I/O",
+    "deferred_lookups": "times vLLM was told 'not yet' while a lookup ran off its loop",
     "hit_tokens": "prompt tokens kvtier held beyond vLLM's own prefix cache",
     "loaded_tokens": "prompt tokens loaded from kvtier instead of prefilled",
     "prefill_seconds_saved": "predicted prefill seconds the loaded tokens saved",

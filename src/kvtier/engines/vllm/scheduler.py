@@ -57,24 +57,33 @@ PRELOAD_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
-class _Looked:
-    """A lookup's answer and what it depended on: the chunks asked, the cache's state, when."""
+class _Asked:
+    """What a lookup depended on when it was asked: the chunks (from ``local``, ``keys`` of
+    them), the cache's state (``epoch``) and when."""
 
     local: int
     keys: int
     epoch: tuple[int, int]
     at: float
+
+    def same_chunks(self, other: _Asked) -> bool:
+        """Whether ``other`` asked for the same chunks."""
+        return (self.local, self.keys) == (other.local, other.keys)
+
+
+@dataclass(frozen=True)
+class _Looked:
+    """A lookup's answer."""
+
+    asked: _Asked
     found: LookupResult
 
 
 @dataclass(frozen=True)
 class _Pending:
-    """A lookup asked off EngineCore's loop, and what it depended on when it was asked."""
+    """A lookup asked off EngineCore's loop, its answer still to come."""
 
-    local: int
-    keys: int
-    epoch: tuple[int, int]
-    at: float
+    asked: _Asked
     future: Future[LookupResult]
 
 
@@ -307,30 +316,28 @@ class SchedulerSide:
         anew. vLLM re-examines a waiting request every step; this keeps that free of tier I/O.
         With a tier across the network, asking anew happens on a thread of its own: None
         ("not yet") until its answer is in, so EngineCore's loop never waits on a round trip."""
-        now = time.monotonic()
-        epoch = (self.cache.epoch, self._stores_planned)
+        asked = _Asked(local, len(keys), (self.cache.epoch, self._stores_planned), time.monotonic())
         memo = st.looked
         if (
             memo is not None
-            and (memo.local, memo.keys, memo.epoch) == (local, len(keys), epoch)
-            and now - memo.at < self.config.lookup_ttl_s
+            and memo.asked.same_chunks(asked)
+            and memo.asked.epoch == asked.epoch
+            and asked.at - memo.asked.at < self.config.lookup_ttl_s
         ):
             self.counters.add("remembered_lookups")
             return memo.found
         if self._lookups is None:
-            found = self.cache.lookup(keys[local:])
-            st.looked = _Looked(local, len(keys), epoch, now, found)
-            return found
+            st.looked = _Looked(asked, self.cache.lookup(keys[local:]))
+            return st.looked.found
         pending = st.pending
-        if pending is not None and (pending.local, pending.keys) == (local, len(keys)):
+        if pending is not None and pending.asked.same_chunks(asked):
             if not pending.future.done():
                 return None
             st.pending = None
-            found = pending.future.result()  # raises what the lookup raised: a miss above
-            st.looked = _Looked(local, len(keys), pending.epoch, pending.at, found)
-            return found
-        future = self._lookups.submit(self.cache.lookup, keys[local:])
-        st.pending = _Pending(local, len(keys), epoch, now, future)
+            # the answer as of when it was asked (raises what the lookup raised: a miss above)
+            st.looked = _Looked(pending.asked, pending.future.result())
+            return st.looked.found
+        st.pending = _Pending(asked, self._lookups.submit(self.cache.lookup, keys[local:]))
         return None
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:

@@ -42,6 +42,8 @@ def test_json_and_plot(monkeypatch, capsys, tmp_path):
     assert all(r["exact"] for r in data["results"])
     assert "ratio/zstd-1" in data["against"]["synthetic-bf16"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # stderr is no terminal here: one progress line a step, stdout only JSON
+    assert "methods on synthetic-bf16" in err and err.count(" s] ") >= 3
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,20 @@ def test_corpus_is_the_models_kv_in_chunks_and_is_kept(tmp_path):
     again = load_corpus(("bf16",), ("chat",), (512,), 1, said.append, tmp_path)
     assert not said  # read back, nothing computed
     assert np.array_equal(again[0].chunks[0], items[0].chunks[1])  # a sample of the kept sample
+
+
+@pytest.mark.slow
+def test_one_fp32_forward_per_prompt_gives_every_dtype(tmp_path):
+    import torch
+
+    said: list[str] = []
+    items = load_corpus(("bf16", "fp16"), ("prose",), (512,), 1, said.append, tmp_path)
+    assert [s for s in said if s.startswith("real KV ")] == [
+        "real KV 1/1: a 512-token prose prompt"
+    ]
+    bf16, fp16 = (torch.from_numpy(i.chunks.copy()) for i in items)
+    as_bf16 = bf16.view(torch.bfloat16).float()
+    as_fp16 = fp16.view(torch.float16).float()
+    # the same KV in both dtypes: equal within bf16's rounding, and not all zeros
+    assert torch.allclose(as_bf16, as_fp16, rtol=1 / 64, atol=1e-3)
+    assert as_fp16.abs().max() > 0.1

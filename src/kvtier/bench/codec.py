@@ -78,7 +78,7 @@ class CodecBenchConfig:
 
     dtypes: tuple[str, ...] = ("bf16", "fp16")
     kinds: tuple[str, ...] = ("prose", "code", "table", "chat")
-    lengths: tuple[int, ...] = (1024, 4096, 8192)
+    lengths: tuple[int, ...] = (1024, 4096)
     per_prompt: int = 1
     zstd_levels: tuple[int, ...] = (1, 3)
     synthetic_blocks: int = 4

@@ -3,9 +3,11 @@ lengths, one forward each, the KV cut into chunks exactly as the HF engine store
 
 Prompt kinds: ``prose`` (seeded pseudo-English), ``code`` (kvtier's own Python sources), ``table``
 (seeded CSV rows of numbers and names) and ``chat`` (a seeded multi-turn conversation in the
-tokenizer's chat template). Each (model, dtype, kind, length) is computed once and kept under the
-kvtier cache folder as ``.npy`` files of the sampled chunks (raw 16-bit patterns, no pickle), so
-later runs read it back in a moment.
+tokenizer's chat template). Each (kind, length) takes one forward of the model in fp32, whose KV
+is stored in every dtype asked for (as an engine stores what it computes; fp16 and bf16 matmuls
+run emulated, several times slower, on many CPUs). Each (model, dtype, kind, length) is kept
+under the kvtier cache folder as ``.npy`` files of the sampled chunks (raw bit patterns, no
+pickle), so later runs read it back in a moment.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from kvtier.errors import ConfigError
 
 KINDS: tuple[str, ...] = ("prose", "code", "table", "chat")
-LENGTHS: tuple[int, ...] = (1024, 4096, 8192)
+LENGTHS: tuple[int, ...] = (1024, 4096)
 CHUNK_TOKENS = 256
 _WORDS = (
     "the of and to in is that for it as with was on be by this are from at or an which have not "
@@ -118,7 +120,7 @@ def sample_chunks(n: int, keep: int) -> list[int]:
 
 
 def _cache_file(folder: Path, model_id: str, fingerprint: str, dtype: str, kind: str, tokens: int):
-    tag = f"{model_id}-{fingerprint[:16]}-{dtype}-{kind}-{tokens}-c{CHUNK_TOKENS}"
+    tag = f"{model_id}-{fingerprint[:16]}-{dtype}-{kind}-{tokens}-c{CHUNK_TOKENS}-fp32src"
     return folder / f"{tag}.npy", folder / f"{tag}.json"
 
 
@@ -146,34 +148,54 @@ def load_corpus(
     from kvtier.engines.embedded import cache_dir
 
     folder = folder or cache_dir() / "kv-corpus"
-    items: list[CorpusItem] = []
-    for dtype in dtypes:
-        loaded = None
-        for kind in kinds:
-            for seed, tokens in enumerate(lengths):
-                ident = _identity()
-                npy, meta = _cache_file(folder, *ident, dtype, kind, tokens)
-                if meta.is_file() and npy.is_file():
-                    info = json.loads(meta.read_text())
-                    if info.get("per_prompt", 0) >= per_prompt:  # a sample of the kept sample
-                        chunks = np.load(npy, allow_pickle=False)
-                        chunks = chunks[sample_chunks(len(chunks), per_prompt)]
-                        items.append(CorpusItem(dtype, kind, tokens, chunks))
-                        continue
-                if loaded is None:
-                    if progress:
-                        progress(f"loading the model in {dtype}")
-                    from kvtier.engines.embedded import load_model
+    ident = _identity()
+    prompts = [(kind, seed, tokens) for kind in kinds for seed, tokens in enumerate(lengths)]
+    found: dict[tuple[str, str, int], np.ndarray] = {}
+    missing = []
+    for kind, seed, tokens in prompts:
+        for dtype in dtypes:
+            chunks = _cached(folder, ident, dtype, kind, tokens, per_prompt)
+            if chunks is None:
+                missing.append((kind, seed, tokens))
+                break
+            found[(dtype, kind, tokens)] = chunks
+    loaded = None
+    for i, (kind, seed, tokens) in enumerate(missing, 1):
+        if loaded is None:
+            if progress:
+                progress("real KV: loading the model (fp32)")
+            from kvtier.engines.embedded import load_model
 
-                    loaded = load_model(None, dtype=dtype)
-                if progress:
-                    progress(f"KV of a {tokens}-token {kind} prompt ({dtype})")
-                chunks = _compute(loaded, kind, seed, tokens, per_prompt)
-                folder.mkdir(parents=True, exist_ok=True)
-                np.save(npy, chunks, allow_pickle=False)
-                meta.write_text(json.dumps({"per_prompt": per_prompt, "shape": chunks.shape}))
-                items.append(CorpusItem(dtype, kind, tokens, chunks))
-    return items
+            loaded = load_model(None, dtype="fp32")
+        if progress:
+            progress(f"real KV {i}/{len(missing)}: a {tokens}-token {kind} prompt")
+        computed = _compute(loaded, kind, seed, tokens, per_prompt)
+        folder.mkdir(parents=True, exist_ok=True)
+        for dtype in dtypes:
+            chunks = _in_dtype(computed, dtype)
+            npy, meta = _cache_file(folder, *ident, dtype, kind, tokens)
+            np.save(npy, chunks, allow_pickle=False)
+            meta.write_text(json.dumps({"per_prompt": per_prompt, "shape": chunks.shape}))
+            found[(dtype, kind, tokens)] = chunks
+    return [
+        CorpusItem(dtype, kind, tokens, found[(dtype, kind, tokens)])
+        for dtype in dtypes
+        for kind, _seed, tokens in prompts
+    ]
+
+
+def _cached(
+    folder: Path, ident: tuple[str, str], dtype: str, kind: str, tokens: int, per_prompt: int
+) -> np.ndarray | None:
+    """The kept chunks of one prompt in one dtype (a sample of ``per_prompt``), or None."""
+    npy, meta = _cache_file(folder, *ident, dtype, kind, tokens)
+    if not (meta.is_file() and npy.is_file()):
+        return None
+    info = json.loads(meta.read_text())
+    if info.get("per_prompt", 0) < per_prompt:
+        return None
+    chunks = np.load(npy, allow_pickle=False)
+    return chunks[sample_chunks(len(chunks), per_prompt)]
 
 
 def _identity() -> tuple[str, str]:
@@ -200,7 +222,21 @@ def _compute(loaded, kind: str, seed: int, tokens: int, per_prompt: int) -> np.n
     n = tokens // CHUNK_TOKENS
     chunks = cache_to_chunks(cache, layout, CHUNK_TOKENS, 0, n)
     keep = sample_chunks(n, per_prompt)
-    out = chunks[keep].contiguous()
+    return chunks[keep].float().numpy().copy()
+
+
+#: numpy has no bfloat16: the dtype a corpus is stored in, as torch names it.
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _in_dtype(chunks: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32 chunks stored in ``dtype``: their bit patterns (uint16 for 16-bit dtypes)."""
+    import torch
+
+    name = _TORCH_DTYPES.get(dtype)
+    if name is None:
+        raise ConfigError(f"unknown KV dtype {dtype!r}; use one of {', '.join(_TORCH_DTYPES)}")
+    out = torch.from_numpy(chunks).to(getattr(torch, name)).contiguous()
     bits = torch.uint16 if out.element_size() == 2 else torch.uint8
     return out.view(bits).numpy().copy()
 

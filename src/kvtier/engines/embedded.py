@@ -123,7 +123,8 @@ def check_dtype(dtype: str) -> None:
         raise ConfigError(f"unknown model dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
 
 
-def _torch_dtype(dtype: str | Any):
+def torch_dtype(dtype: str | Any):
+    """The torch dtype of ``bf16``/``fp16``/``fp32`` (or a torch name); ConfigError otherwise."""
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -222,7 +223,7 @@ def load_model(
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
         raise MissingExtraError("the HF engine", "hf", "transformers") from None
-    torch_dtype = _torch_dtype(dtype)
+    model_dtype = torch_dtype(dtype)
     gguf: Path | None = None
     if name_or_path is None or name_or_path.lower() in EMBEDDED_NAMES:
         gguf = embedded_gguf_path()
@@ -245,7 +246,7 @@ def load_model(
             fingerprint = fingerprint_files(files) if files else ""
             model_id = Path(name_or_path).resolve().name
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=model_dtype, **kwargs)
         tok = AutoTokenizer.from_pretrained(source, **kwargs) if tokenizer else None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(

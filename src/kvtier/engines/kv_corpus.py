@@ -225,18 +225,13 @@ def _compute(loaded, kind: str, seed: int, tokens: int, per_prompt: int) -> np.n
     return chunks[keep].float().numpy().copy()
 
 
-#: numpy has no bfloat16: the dtype a corpus is stored in, as torch names it.
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 def _in_dtype(chunks: np.ndarray, dtype: str) -> np.ndarray:
     """fp32 chunks stored in ``dtype``: their bit patterns (uint16 for 16-bit dtypes)."""
     import torch
 
-    name = _TORCH_DTYPES.get(dtype)
-    if name is None:
-        raise ConfigError(f"unknown KV dtype {dtype!r}; use one of {', '.join(_TORCH_DTYPES)}")
-    out = torch.from_numpy(chunks).to(getattr(torch, name)).contiguous()
+    from kvtier.engines.embedded import torch_dtype
+
+    out = torch.from_numpy(chunks).to(torch_dtype(dtype)).contiguous()
     bits = torch.uint16 if out.element_size() == 2 else torch.uint8
     return out.view(bits).numpy().copy()
 

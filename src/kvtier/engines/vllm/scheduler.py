@@ -165,7 +165,9 @@ class SchedulerSide:
         self.keyer = ChunkKeyer(namespace, self.chunk)
         self._adapters = AdapterIdentities()
         self._unkeyable_seen: set[str] = set()  # reasons already logged at warning level
-        self._stores_planned = 0  # grows with every step that hands the worker chunks to store
+        # grows with every change to the tiers this half's cache does not see: a step that hands
+        # the worker chunks to store, a worker report of blocks landed in or gone from its tiers
+        self._changes_elsewhere = 0
         self.cache = open_cache(config, namespace, "scheduler", self.chunk_bytes)
         self.names = self.cache.names
         self.costs = OnlineCosts(self.names, self.chunk, self.chunk_bytes)
@@ -316,7 +318,8 @@ class SchedulerSide:
         anew. vLLM re-examines a waiting request every step; this keeps that free of tier I/O.
         With a tier across the network, asking anew happens on a thread of its own: None
         ("not yet") until its answer is in, so EngineCore's loop never waits on a round trip."""
-        asked = _Asked(local, len(keys), (self.cache.epoch, self._stores_planned), time.monotonic())
+        epoch = (self.cache.epoch, self._changes_elsewhere)
+        asked = _Asked(local, len(keys), epoch, time.monotonic())
         memo = st.looked
         if (
             memo is not None
@@ -407,7 +410,7 @@ class SchedulerSide:
                 st.block_ids.extend(new_ids[0])
             self._plan_store(meta, st, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
         if meta.stores:
-            self._stores_planned += 1
+            self._changes_elsewhere += 1
         prefills = [(n, computed.get(r, 0)) for r, n in scheduled.items() if n > 1]
         if len(prefills) == 1 and scheduler_output.total_num_scheduled_tokens - prefills[0][0] < 8:
             meta.prefill = prefills[0]
@@ -465,7 +468,7 @@ class SchedulerSide:
         for tier, nbytes, seconds, chunks in report.loads:
             self.costs.observe_load(tier, nbytes, seconds, chunks)
         if report.changed:
-            self._stores_planned += 1  # blocks landed in (or left) the worker's tiers
+            self._changes_elsewhere += 1  # blocks landed in (or left) the worker's tiers
 
     def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
         assert st.load is not None

@@ -89,7 +89,7 @@ class WorkerSide:
         self._loading: dict[str, Future] = {}
         self._errors: set[int] = set()
         self._lock = threading.Lock()
-        self._learned: dict[str, list] = {"prefills": [], "loads": [], "synced": []}
+        self._report = KVTierWorkerMeta()  # what the scheduler side hears after the step
         self._reported_epoch = 0  # the cache's epoch at the last report to the scheduler
         self._bound_at = 0.0
         self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
@@ -141,7 +141,7 @@ class WorkerSide:
                 took = time.perf_counter() - began
                 self._sync_s += took
                 with self._lock:
-                    self._learned["synced"].append((job.req_id, took))
+                    self._report.synced.append((job.req_id, took))
             else:
                 self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin)
 
@@ -206,7 +206,7 @@ class WorkerSide:
                 )
                 self.counters.add("tier_hit_tokens", tokens * self.geometry.block_size, tier=name)
                 with self._lock:
-                    self._learned["loads"].append((name, nbytes, share, n))
+                    self._report.loads.append((name, nbytes, share, n))
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
         failed = [b for c in job.chunks[loaded:] for b in c.block_ids]
         if failed:
@@ -244,7 +244,7 @@ class WorkerSide:
             forward_s = time.perf_counter() - self._bound_at - self._sync_s
             new, cached = meta.prefill
             with self._lock:
-                self._learned["prefills"].append((new, cached, forward_s))
+                self._report.prefills.append((new, cached, forward_s))
         layout = self.layout
         if meta is None or layout is None or not meta.stores:
             return
@@ -291,10 +291,9 @@ class WorkerSide:
         """Loads finished in the step, measurements and changes since the last call, for the
         scheduler side (None when there is nothing to tell)."""
         with self._lock:
-            learned, self._learned = self._learned, {"prefills": [], "loads": [], "synced": []}
+            report, self._report = self._report, KVTierWorkerMeta()
         epoch = self.cache.epoch
-        changed, self._reported_epoch = epoch != self._reported_epoch, epoch
-        report = KVTierWorkerMeta(learned["synced"], learned["prefills"], learned["loads"], changed)
+        report.changed, self._reported_epoch = epoch != self._reported_epoch, epoch
         return report or None
 
     def close(self) -> None:

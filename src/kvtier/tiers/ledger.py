@@ -221,7 +221,7 @@ class BlockLedger(Generic[E]):
             if self.used + self.kept + size <= self.limit:
                 self.used += size
                 return True, None
-            if not self._free_some(drop, reclaim, spill, pinned):
+            if not self.free_one(drop, reclaim=reclaim, spill=spill, pinned=pinned):
                 return False, None
 
     def shrink(
@@ -234,11 +234,19 @@ class BlockLedger(Generic[E]):
     ) -> None:
         """Reclaim kept room, then evict, until the books fit within the limit."""
         while self.used + self.kept > self.limit:
-            if not self._free_some(drop, reclaim, spill, pinned):
+            if not self.free_one(drop, reclaim=reclaim, spill=spill, pinned=pinned):
                 return
 
-    def _free_some(self, drop, reclaim, spill, pinned) -> bool:
-        """Reclaim one piece of kept room, else evict one block; False when neither can."""
+    def free_one(
+        self,
+        drop: Callable[[bytes, E, int], None],
+        *,
+        reclaim: Callable[[], int] | None = None,
+        spill: Callable[[bytes, E], None] | None = None,
+        pinned: Pinned | None = None,
+    ) -> bool:
+        """Reclaim one piece of kept room, else evict one block (see :meth:`make_room`); False
+        when neither can."""
         if self.kept and reclaim is not None:
             given = reclaim()
             if given > 0:

@@ -431,14 +431,12 @@ class DiskTier(FileTier):
 
     def _free_inode_locked(self) -> bool:
         """Remove one file: a kept one, else the policy's next victim's (not kept for reuse)."""
-        ledger = self.ledger
-        given = self._free.drop_one() if ledger.kept else 0
-        if given:
-            ledger.reclaimed(given)
-            return True
-        pinned = self.is_pinned if self._pinned is not None else None
-        spill = self._spill if self.spilling else None
-        return ledger.evict_one(self._remove, spill=spill, pinned=pinned)
+        return self.ledger.free_one(
+            self._remove,
+            reclaim=self._reclaim_locked,
+            spill=self._spill if self.spilling else None,
+            pinned=self.is_pinned if self._pinned is not None else None,
+        )
 
     def _remove(self, key: bytes, entry: _Entry, size: int) -> None:
         """A block left the books and its file goes, with its folder if that is now empty (an

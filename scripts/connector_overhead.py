@@ -32,7 +32,7 @@ SCRIPTS = Path(__file__).resolve().parent
 
 def transfer_config(system: str, work: Path, shm: Path) -> dict | None:
     """vLLM's ``kv_transfer_config`` of ``system``."""
-    from kvtier.engines.vllm.server import connector_config
+    from kvtier.harness.vllm_server import connector_config
 
     def tiers(dram: str) -> list[str]:
         return [
@@ -80,8 +80,8 @@ def main() -> None:
     from kvtier.bench.serve_results import engine_core_seconds
     from kvtier.bench.stats import pearson_r
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.processes import cpu_used
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer
+    from kvtier.harness.processes import cpu_used
+    from kvtier.harness.vllm_server import ServerConfig, VllmServer
 
     folder, _, _ = embedded_model_folder()
     # absolute: the tier URLs are built from it (slab://relative would name a host)

@@ -52,7 +52,7 @@ def _ttft(base: str, model: str, prompt: list[int]) -> float:
 
 def main() -> None:
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
+    from kvtier.harness.vllm_server import ServerConfig, VllmServer, connector_config
     from kvtier.specs.host import cpu_description
 
     ap = argparse.ArgumentParser()

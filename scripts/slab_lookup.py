@@ -23,7 +23,7 @@ import numpy as np
 
 from kvtier.cache import CacheConfig, TieredCache
 from kvtier.cache.config import TierOptions
-from kvtier.engines.vllm.books import tier_url
+from kvtier.engines.vllm.open_tiers import tier_url
 from kvtier.tiers.registry import open_tier
 
 CHUNK = 5_898_240  # 256 tokens of SmolLM2-135M's bf16 KV, as vLLM's paged blocks hold it

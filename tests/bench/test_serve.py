@@ -105,7 +105,7 @@ def test_argv_of_a_random_run(tmp_path):
 
 def test_vllms_own_parser_takes_the_arguments(tmp_path):
     pytest.importorskip("vllm")
-    from kvtier.engines.vllm.bench_client import client_parser
+    from kvtier.harness.bench_client import client_parser
 
     parser = client_parser()
     a = parser.parse_args(_run(tmp_path, prefix_repetition_args(2048, 64, 6, 4)).argv())

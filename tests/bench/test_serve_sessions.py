@@ -73,7 +73,7 @@ def test_vllms_client_reads_the_dataset_in_order(tokenizer, tmp_path):
     pytest.importorskip("pandas")
     from vllm.benchmarks.datasets import get_samples
 
-    from kvtier.engines.vllm.bench_client import client_parser
+    from kvtier.harness.bench_client import client_parser
 
     prompts = session_prompts(tokenizer, 2, 3, 200, 30, 4)
     path = write_dataset(tmp_path / "d" / "sessions.jsonl", prompts, 4)

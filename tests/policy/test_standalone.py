@@ -17,7 +17,7 @@ def test_policies_import_without_the_rooms_that_use_them():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout)
     assert "kvtier.policy.reuse" in loaded
-    for room in ("kvtier.tiers", "kvtier.cache", "kvtier.engines", "kvtier.run"):
+    for room in ("kvtier.tiers", "kvtier.cache", "kvtier.engines", "kvtier.job"):
         assert not [m for m in loaded if m == room or m.startswith(room + ".")], (room, loaded)
 
 

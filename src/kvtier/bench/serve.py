@@ -43,8 +43,8 @@ from kvtier.bench.serve_results import (
     read_records,
     summarize_records,
 )
-from kvtier.engines.vllm.processes import cpu_used
-from kvtier.engines.vllm.server import BLOCK_TOKENS, ServerConfig, VllmServer, VllmServerError
+from kvtier.harness.processes import cpu_used
+from kvtier.harness.vllm_server import BLOCK_TOKENS, ServerConfig, VllmServer, VllmServerError
 
 #: on_step(label): one step per server start, client run and random round.
 Step = Callable[[str], None]

@@ -1,7 +1,7 @@
 """Driving vLLM's own benchmark client for ``kvtier bench serve``: its arguments, its worker
 process, and the result file it saves.
 
-The client runs unmodified in :mod:`kvtier.engines.vllm.bench_client`, a subprocess that imports
+The client runs unmodified in :mod:`kvtier.harness.bench_client`, a subprocess that imports
 it once and then takes one run per line; :class:`ClientWorker` starts it (in its own process
 group, stopped by PID), hands it runs and waits for each with a deadline. :class:`ClientResult`
 reads the JSON file the client writes with ``--save-result --save-detailed``.
@@ -24,11 +24,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from kvtier.engines.vllm.processes import end_process_group
-from kvtier.engines.vllm.server import log_tail
 from kvtier.errors import KvtierError
+from kvtier.harness.processes import end_process_group
+from kvtier.harness.vllm_server import log_tail
 
-WORKER_MODULE = "kvtier.engines.vllm.bench_client"
+WORKER_MODULE = "kvtier.harness.bench_client"
 #: TTFT/TPOT/ITL/E2EL percentiles the client is asked for (p50 and p99 are reported).
 PERCENTILES = "50,90,99"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench.serve_client import prefix_repetition_args, random_args, sessions_args
-from kvtier.engines.vllm.server import BLOCK_TOKENS, min_pool_blocks
 from kvtier.errors import ConfigError
+from kvtier.harness.vllm_server import BLOCK_TOKENS, min_pool_blocks
 
 #: Every system, in the order they run: vLLM alone (its prefix cache), kvtier (host memory then
 #: disk), kvtier with the disk tier only, vLLM's ExampleConnector (safetensors files on disk).

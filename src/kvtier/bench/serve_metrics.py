@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvtier.engines.vllm.scrape import CACHE_PREFIXES, parse_metrics, scrape_metrics
-from kvtier.engines.vllm.scrape import metrics_delta as delta
+from kvtier.harness.scrape import CACHE_PREFIXES, parse_metrics, scrape_metrics
+from kvtier.harness.scrape import metrics_delta as delta
 
 #: Series kept from a scrape: vLLM's token and cache counters, and every kvtier one.
 PREFIXES = CACHE_PREFIXES

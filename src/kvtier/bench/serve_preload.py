@@ -26,7 +26,7 @@ import numpy as np
 
 from kvtier.bench.serve_config import PreloadWorkload, kvtier_transfer_config
 from kvtier.bench.serve_results import read_records
-from kvtier.engines.vllm.server import BLOCK_TOKENS, ServerConfig, VllmServer
+from kvtier.harness.vllm_server import BLOCK_TOKENS, ServerConfig, VllmServer
 
 #: The two systems: preloading on (the connector's default) and off.
 PRELOAD_SYSTEMS = ("preload", "on-demand")

@@ -2,8 +2,8 @@
 kvtier.
 
 ``--engine vllm`` (the default) drives the embedded model through vLLM's OpenAI server, alone and
-with kvtier's KV connector (:mod:`kvtier.run.vllm_job`); ``--engine hf`` runs the transformers
-job, kvtier vs recompute-only (:mod:`kvtier.run.job`). torch, transformers and vLLM are imported
+with kvtier's KV connector (:mod:`kvtier.job.vllm_job`); ``--engine hf`` runs the transformers
+job, kvtier vs recompute-only (:mod:`kvtier.job.hf_job`). torch, transformers and vLLM are imported
 inside the command, so other commands stay fast.
 """
 
@@ -19,8 +19,8 @@ import typer
 from kvtier.workloads.sessions import WorkloadSpec
 
 if TYPE_CHECKING:
-    from kvtier.run.job import RunConfig
-    from kvtier.run.vllm_job import VllmRunConfig
+    from kvtier.job.hf_job import RunConfig
+    from kvtier.job.vllm_job import VllmRunConfig
 
 _W = WorkloadSpec()
 
@@ -268,7 +268,7 @@ def run_command(
     disk_size = disk_size or HF_DEFAULTS["disk_size"]
     max_new_tokens = HF_DEFAULTS["max_new_tokens"] if max_new_tokens is None else max_new_tokens
 
-    from kvtier.run.job import RunConfig, run_job, total_steps
+    from kvtier.job.hf_job import RunConfig, run_job, total_steps
 
     spec = WorkloadSpec(
         seed=seed,
@@ -305,8 +305,8 @@ def run_command(
         keep_disk=keep,
     )
     check_run(config, plot)  # before the model loads
-    from kvtier.run.plot import write_plots
-    from kvtier.run.report import render
+    from kvtier.job.hf_plot import write_plots
+    from kvtier.job.hf_report import render
 
     report = _with_progress(lambda step: run_job(config, progress=step), total_steps(spec))
     _emit(report, json_out, render, write_plots, plot)
@@ -329,7 +329,7 @@ class VllmArgs:
         from dataclasses import replace
 
         from kvtier.errors import ConfigError
-        from kvtier.run.vllm_job import VllmRunConfig, warmup_lengths_for
+        from kvtier.job.vllm_job import VllmRunConfig, warmup_lengths_for
         from kvtier.specs.units import parse_size
         from kvtier.workloads.longctx import LongContextSpec, scaled
 
@@ -423,9 +423,9 @@ def _emit(report, json_out: bool, render, write_plots, plot: Path | None) -> Non
 
 
 def _run_vllm(config: VllmRunConfig, json_out: bool, plot: Path | None) -> None:
-    from kvtier.run.vllm_job import run_vllm_job
-    from kvtier.run.vllm_plot import write_plots
-    from kvtier.run.vllm_report import render
+    from kvtier.job.vllm_job import run_vllm_job
+    from kvtier.job.vllm_plot import write_plots
+    from kvtier.job.vllm_report import render
 
     report = _with_progress(lambda step: run_vllm_job(config, progress=step), None)
     _emit(report, json_out, render, write_plots, plot)

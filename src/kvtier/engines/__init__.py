@@ -1,4 +1,4 @@
-"""Adapters to real inference engines (HF transformers now; vLLM's KV connector later).
+"""Adapters to real inference engines: HF transformers (`hf`) and vLLM's KV connector (`vllm`).
 
 Importing this package is cheap; torch and transformers load with the first name used.
 """

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvtier.errors import ConfigError
-from kvtier.policy.sightings import ADMIT_MODES
+from kvtier.policy.store_admission import ADMIT_MODES
 from kvtier.sim.tiers import TierSpec
 from kvtier.sim.timing import StepTimer
 

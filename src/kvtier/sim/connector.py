@@ -6,7 +6,7 @@ chunks are looked up in the tiers (fast→slow) from the first chunk the engine'
 not hold; the real :class:`~kvtier.policy.decision.LoadOrRecompute` chooses how many to load,
 given each tier's queued transfers; chunks all in the first tier load inside the step, others
 while the engine runs other requests. Every chunk a step completes that ``admit`` keeps (the
-connector's :class:`~kvtier.policy.sightings.StoreAdmission` over each request's prompt) is
+connector's :class:`~kvtier.policy.store_admission.StoreAdmission` over each request's prompt) is
 offered to every tier (each tier's admission and eviction decide), and a chunk read from a
 slower tier is promoted into the faster ones. A queued request's chunks on slower tiers are
 copied into the first tier ahead of its turn.
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.policy.decision import LoadOrRecompute
-from kvtier.policy.sightings import StoreAdmission
+from kvtier.policy.store_admission import StoreAdmission
 from kvtier.sim.config import EngineSpec, KvtierSpec
 from kvtier.sim.links import LinkQueue
 from kvtier.sim.request import SimRequest

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvtier.engines.vllm.books import tier_url
 from kvtier.engines.vllm.config import ConnectorConfig
+from kvtier.engines.vllm.open_tiers import tier_url
 from kvtier.errors import ConfigError
 
 

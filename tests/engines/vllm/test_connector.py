@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.engines.vllm.probe import Probe, read_records
+from kvtier.harness.vllm_probe import Probe, read_records
 
 SHORT = 16
 LONG = 100

@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 
-from kvtier.engines.vllm.probe import Probe, read_records
+from kvtier.harness.vllm_probe import Probe, read_records
 
 pytestmark = pytest.mark.timeout(1200)
 

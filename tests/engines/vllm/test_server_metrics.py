@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from kvtier.run.vllm_client import complete_sync, metric_total, parse_metrics
+from kvtier.job.vllm_client import complete_sync, metric_total, parse_metrics
 
 
 def _metrics(base: str) -> str:
@@ -18,7 +18,7 @@ def _metrics(base: str) -> str:
 
 def test_the_servers_metrics_carry_kvtiers_series(text_tokens, tmp_path):
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
+    from kvtier.harness.vllm_server import ServerConfig, VllmServer, connector_config
 
     shm = f"/dev/shm/kvtier-test-{uuid.uuid4().hex[:8]}"
     folder, _, _ = embedded_model_folder()

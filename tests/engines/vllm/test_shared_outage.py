@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.run.vllm_client import complete_sync, metric_total, scrape_metrics
+from kvtier.job.vllm_client import complete_sync, metric_total, scrape_metrics
 from kvtier.testing import services
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -48,7 +48,7 @@ def _within(check, attempts: int, what: str, log: Path) -> int:
 
 def test_requests_survive_a_paused_and_a_killed_redis(text_tokens, tmp_path):
     from kvtier.engines.embedded import embedded_model_folder
-    from kvtier.engines.vllm.server import ServerConfig, VllmServer, connector_config
+    from kvtier.harness.vllm_server import ServerConfig, VllmServer, connector_config
 
     redis = services.start_redis(tmp_path / "redis")
     tag = uuid.uuid4().hex[:8]

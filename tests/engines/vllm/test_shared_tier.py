@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.engines.vllm.probe import Probe, read_records
+from kvtier.harness.vllm_probe import Probe, read_records
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1500)]
 

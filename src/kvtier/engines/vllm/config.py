@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.policy.sightings import ADMIT_MODES
+from kvtier.policy.store_admission import ADMIT_MODES
 from kvtier.specs.units import parse_size
 from kvtier.tiers.base import TierURL
 from kvtier.tiers.registry import check_tier_url

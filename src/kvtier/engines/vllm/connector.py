@@ -10,7 +10,7 @@
 vLLM builds one instance per role: the scheduler's in its EngineCore process
 (:class:`~kvtier.engines.vllm.scheduler.SchedulerSide`), the worker's in each Worker process
 (:class:`~kvtier.engines.vllm.worker.WorkerSide`). They share no memory; they share the tiers
-(see :mod:`kvtier.engines.vllm.books`) and talk through the per-step metadata and the
+(see :mod:`kvtier.engines.vllm.open_tiers`) and talk through the per-step metadata and the
 connector output vLLM carries between them. The installed vLLM is checked against the pinned
 release range and connector interface before anything is opened.
 """

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from kvtier.cache.results import LookupResult
-from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
 from kvtier.engines.vllm.identity import EngineGeometry
@@ -41,11 +40,12 @@ from kvtier.engines.vllm.metadata import (
     LoadJob,
     StoreJob,
 )
+from kvtier.engines.vllm.open_tiers import open_cache
 from kvtier.engines.vllm.records import RecordWriter, prompt_hash
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import PLAIN, ChunkKeyer, KeyInputs, Namespace
-from kvtier.policy.sightings import StoreAdmission
+from kvtier.policy.store_admission import StoreAdmission
 
 log = logging.getLogger("kvtier.vllm")
 

@@ -28,11 +28,11 @@ import torch
 
 from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
-from kvtier.engines.vllm.books import open_cache
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
+from kvtier.engines.vllm.open_tiers import open_cache
 from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError

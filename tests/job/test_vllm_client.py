@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvtier.run.vllm_client import (
+from kvtier.job.vllm_client import (
     CompletionStream,
     RequestError,
     completion_body,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from kvtier.engines.vllm import bench_client
+from kvtier.harness import bench_client
 
 
 def test_worker_answers_each_line(monkeypatch):

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.run.decision import DecisionEntry
+from kvtier.job.decision import DecisionEntry
 
 #: Predicted time counts as accurate within this relative error of the measured one.
 PREDICTION_TOLERANCE = 0.20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.run.vllm_sizing import (
+from kvtier.job.vllm_sizing import (
     EngineSpeed,
     PrefillCurve,
     TimeBudget,

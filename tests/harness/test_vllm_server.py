@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.engines.vllm.dtype import engine_dtype
-from kvtier.engines.vllm.server import (
+from kvtier.errors import ConfigError
+from kvtier.harness.vllm_server import (
     ServerConfig,
     VllmServer,
     VllmServerError,
@@ -22,7 +23,6 @@ from kvtier.engines.vllm.server import (
     log_tail,
     min_pool_blocks,
 )
-from kvtier.errors import ConfigError
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make setup-vllm)"

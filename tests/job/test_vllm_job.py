@@ -14,7 +14,7 @@ import pytest
 from kvtier.cli.main import app
 from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.errors import ConfigError
-from kvtier.run.vllm_job import (
+from kvtier.job.vllm_job import (
     CONNECTOR_MODULE,
     RunPaths,
     VllmRunConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.policy.sightings import Sightings, StoreAdmission
+from kvtier.policy.store_admission import Sightings, StoreAdmission
 
 
 def _keys(prefix: str, n: int) -> list[bytes]:

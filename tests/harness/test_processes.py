@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvtier.engines.vllm.processes import (
+from kvtier.harness.processes import (
     cpu_used,
     end_process_group,
     group_cpu_by_name,

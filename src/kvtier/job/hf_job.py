@@ -32,9 +32,9 @@ from kvtier.engines.profile import (
     roomy,
 )
 from kvtier.errors import ConfigError
+from kvtier.job.decision import LoggedDecision, QueueProbe, decision_entry, judge
+from kvtier.job.hf_report import RequestResult, RunReport
 from kvtier.policy.reuse import REUSE_PRIORS, HintedAdmission, chunk_values
-from kvtier.run.decision import LoggedDecision, QueueProbe, decision_entry, judge
-from kvtier.run.report import RequestResult, RunReport
 from kvtier.workloads.sessions import WorkloadSpec, build_sessions, interleave
 
 DEFAULT_DIR = Path(".kvtier") / "run"

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kvtier.run.job import RunConfig, run_job
+from kvtier.job.hf_job import RunConfig, run_job
 from kvtier.workloads.sessions import WorkloadSpec
 
 CHUNK = 32

@@ -1,7 +1,7 @@
 """The main job on vLLM: a long-context concurrent workload through vLLM alone, then through vLLM
 with kvtier's KV connector, on the same KV pool; one report of both.
 
-Each phase starts its own vLLM OpenAI server (:class:`~kvtier.engines.vllm.server.VllmServer`)
+Each phase starts its own vLLM OpenAI server (:class:`~kvtier.harness.vllm_server.VllmServer`)
 on the embedded model, times a few cold prompts (the warm-up: the engine's prefill curve and
 decode step), then plays the workload (:mod:`kvtier.workloads.longctx`) with several sessions in
 flight, each request a streamed completion over token ids. The first warm-up sizes the run: the
@@ -32,7 +32,8 @@ import xxhash
 
 from kvtier.engines.embedded import embedded_model_folder
 from kvtier.engines.vllm.dtype import engine_dtype, short_name
-from kvtier.engines.vllm.server import (
+from kvtier.errors import ConfigError, KvtierError
+from kvtier.harness.vllm_server import (
     BLOCK_TOKENS,
     CONNECTOR_MODULE,
     ServerConfig,
@@ -40,9 +41,7 @@ from kvtier.engines.vllm.server import (
     connector_config,
     min_pool_blocks,
 )
-from kvtier.errors import ConfigError, KvtierError
-from kvtier.keys import ChunkKeyer, Namespace
-from kvtier.run.vllm_client import (
+from kvtier.job.vllm_client import (
     RequestError,
     complete,
     complete_sync,
@@ -51,8 +50,8 @@ from kvtier.run.vllm_client import (
     scrape_metrics,
     served_model,
 )
-from kvtier.run.vllm_report import ENGINE_TIER, PhaseResult, RequestRecord, VllmRunReport
-from kvtier.run.vllm_sizing import (
+from kvtier.job.vllm_report import ENGINE_TIER, PhaseResult, RequestRecord, VllmRunReport
+from kvtier.job.vllm_sizing import (
     EngineSpeed,
     PrefillCurve,
     Sizing,
@@ -60,6 +59,7 @@ from kvtier.run.vllm_sizing import (
     size_workload,
     tier_bytes,
 )
+from kvtier.keys import ChunkKeyer, Namespace
 from kvtier.specs.host import cpu_description
 from kvtier.specs.model import model_from_hf_config
 from kvtier.workloads.longctx import LongContextSpec, Session, build_sessions

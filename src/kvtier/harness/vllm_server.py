@@ -23,8 +23,8 @@ from types import TracebackType
 from typing import Any
 
 from kvtier.engines.vllm.dtype import engine_dtype
-from kvtier.engines.vllm.processes import end_process_group, group_cpu_by_name, group_cpu_seconds
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.harness.processes import end_process_group, group_cpu_by_name, group_cpu_seconds
 from kvtier.specs.host import free_port
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).

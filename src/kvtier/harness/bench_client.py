@@ -1,6 +1,6 @@
 """vLLM's own serving benchmark client (``vllm.benchmarks.serve``), unmodified, as a worker.
 
-    python -m kvtier.engines.vllm.bench_client
+    python -m kvtier.harness.bench_client
 
 imports the client once (it takes tens of seconds on a small CPU), writes ``{"ready": true}``
 on stdout, then reads one JSON array of client arguments per stdin line — exactly what

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.run.report import RunReport
+from kvtier.job.hf_report import RunReport
 
 
 def _pyplot():

@@ -8,9 +8,9 @@ import json
 import pytest
 from rich.console import Console
 
-from kvtier.run.vllm_job import attach_connector_records, read_connector_records
-from kvtier.run.vllm_plot import write_plots
-from kvtier.run.vllm_report import (
+from kvtier.job.vllm_job import attach_connector_records, read_connector_records
+from kvtier.job.vllm_plot import write_plots
+from kvtier.job.vllm_report import (
     PhaseResult,
     RequestRecord,
     VllmRunReport,

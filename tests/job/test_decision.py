@@ -13,15 +13,15 @@ from kvtier.codec import BlockMeta
 from kvtier.codec.container import RAW_META
 from kvtier.cost.calibration import MeasuredCompute, PrefillFit
 from kvtier.cost.transfer import TransferPath
-from kvtier.keys import Namespace
-from kvtier.policy.decision import LoadOrRecompute
-from kvtier.run.decision import (
+from kvtier.job.decision import (
     TIE_FRACTION,
     LoggedDecision,
     QueueProbe,
     decision_entry,
     judge,
 )
+from kvtier.keys import Namespace
+from kvtier.policy.decision import LoadOrRecompute
 from kvtier.tiers.memory import MemoryTier
 
 CHUNK = 16

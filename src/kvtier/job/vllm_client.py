@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.engines.vllm.records import prompt_hash
-from kvtier.engines.vllm.scrape import (
+from kvtier.errors import KvtierError
+from kvtier.harness.scrape import (
     METRIC_PREFIXES,
     metrics_delta,
     parse_metrics,
     scrape_metrics,
 )
-from kvtier.errors import KvtierError
 
 
 class RequestError(KvtierError):

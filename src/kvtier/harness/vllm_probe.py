@@ -1,6 +1,6 @@
 """Run token-id prompts through a real offline vLLM engine, in steps, and write what it generated.
 
-    python -m kvtier.engines.vllm.probe SPEC.json OUT.json
+    python -m kvtier.harness.vllm_probe SPEC.json OUT.json
 
 The spec (JSON) says how to build the engine and what to do::
 
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvtier.engines.vllm.processes import end_process_group
+from kvtier.harness.processes import end_process_group
 
 
 def _damage(step: dict) -> None:
@@ -81,7 +81,7 @@ class Probe:
         self.spec_path.write_text(json.dumps(spec))
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtier.engines.vllm.probe", self.spec_path, self.out_path],
+            [sys.executable, "-m", "kvtier.harness.vllm_probe", self.spec_path, self.out_path],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtier.run.vllm_report import ENGINE_TIER, VllmRunReport
+from kvtier.job.vllm_report import ENGINE_TIER, VllmRunReport
 
 COLORS = {"vllm": "#c0504d", "vllm+kvtier": "#4f81bd", "vllm+kvtier+codec": "#9bbb59"}
 SOURCE_COLORS = {

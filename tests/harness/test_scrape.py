@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvtier.engines.vllm.scrape import metrics_delta, parse_metrics, scrape_metrics
+from kvtier.harness.scrape import metrics_delta, parse_metrics, scrape_metrics
 
 METRICS = """\
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.

@@ -76,23 +76,22 @@ class CopyReference:
 
     def read(self, plan: PassPlan) -> PassResult:
         """Copy pool blocks into the threads' buffers."""
-        pool, buffers = self.pool, self._buffers_for(plan)
-
-        def work(worker: int, indices: Sequence[int]) -> None:
-            outs = buffers[worker]
-            for j, i in enumerate(indices):
-                np.copyto(outs[j], pool[i])
-
-        return run_pass(plan, work)
+        return self._copy(plan, into_pool=False)
 
     def write(self, plan: PassPlan) -> PassResult:
         """Copy the threads' buffers into pool blocks."""
+        return self._copy(plan, into_pool=True)
+
+    def _copy(self, plan: PassPlan, into_pool: bool) -> PassResult:
+        """One pass of copies between each planned pool block and its thread's buffer, into the
+        pool (a write) or out of it (a read)."""
         pool, buffers = self.pool, self._buffers_for(plan)
 
         def work(worker: int, indices: Sequence[int]) -> None:
-            src = buffers[worker]
+            own = buffers[worker]
             for j, i in enumerate(indices):
-                np.copyto(pool[i], src[j])
+                dst, src = (pool[i], own[j]) if into_pool else (own[j], pool[i])
+                np.copyto(dst, src)
 
         return run_pass(plan, work)
 

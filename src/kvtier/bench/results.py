@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtier.bench.env import BenchEnvironment
 from kvtier.bench.stats import LatencyStats, PassResult
@@ -63,6 +64,30 @@ def target_for(
     return TARGETS.get((scheme, op))
 
 
+class Judged(ABC):
+    """A row judged by its ratio against a target: PASS, MISS, or None where either is
+    missing."""
+
+    @property
+    @abstractmethod
+    def ratio(self) -> float | None:
+        """The measured ratio (None: not measured)."""
+
+    @property
+    @abstractmethod
+    def target(self) -> float | None:
+        """The ratio the row must reach (None: no target applies)."""
+
+    @property
+    def verdict(self) -> str | None:
+        """PASS/MISS against the target, None where no target applies."""
+        return verdict_of(self.ratio, self.target)
+
+    def judgement(self) -> dict[str, Any]:
+        """The ratio, target and verdict as JSON-ready keys, in that order."""
+        return {"ratio": self.ratio, "target": self.target, "verdict": self.verdict}
+
+
 @dataclass(frozen=True)
 class Reference:
     """The reference pass a kvtier pass is compared with: ``fio``, ``copy``, ``client`` or
@@ -84,7 +109,7 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(Judged):
     """One (tier, op, depth) row: kvtier's pass, its reference, and the target ratio.
 
     ``drive`` says how the depth was reached: ``threads`` (that many caller threads) or
@@ -127,11 +152,6 @@ class Measurement:
             return None
         return self.result.bandwidth / self.reference.result.bandwidth
 
-    @property
-    def verdict(self) -> str | None:
-        """PASS/MISS against the target, None where no target applies."""
-        return verdict_of(self.ratio, self.target)
-
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
         return {
@@ -147,14 +167,12 @@ class Measurement:
             "slices": self.slices,
             "tokens_per_s": self.tokens_per_s,
             "reference": self.reference.as_dict() if self.reference else None,
-            "ratio": self.ratio,
-            "target": self.target,
-            "verdict": self.verdict,
+            **self.judgement(),
         }
 
 
 @dataclass(frozen=True)
-class RoundTrip:
+class RoundTrip(Judged):
     """A store and then a load of the same blocks at one depth, as one stretch of time: the
     seconds a byte takes to write plus those it takes to read, kvtier's against its raw twin's.
 
@@ -201,11 +219,6 @@ class RoundTrip:
             return None
         return ROUND_TRIP_TARGETS.get(self.write.payload)
 
-    @property
-    def verdict(self) -> str | None:
-        """PASS/MISS against the target, None where none applies."""
-        return verdict_of(self.ratio, self.target)
-
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
         return {
@@ -213,9 +226,7 @@ class RoundTrip:
             "depth": self.depth,
             "gbps": self.gbps,
             "reference_gbps": self.reference_gbps,
-            "ratio": self.ratio,
-            "target": self.target,
-            "verdict": self.verdict,
+            **self.judgement(),
         }
 
 

@@ -242,12 +242,18 @@ def build_sessions(spec: LongContextSpec) -> list[Session]:
     # Each entry: a function of the start time giving the sessions starting then.
     starts: list[Callable[[float], list[Session]]] = []
 
+    def conversation(
+        kind: Kind, i: int, opening: int, follow: int, delay_s: float, n: int
+    ) -> Callable[[float], list[Session]]:
+        # A chat or an agent: an opening message, then n - 1 follow-ups, each after a wait.
+        turns = [Turn(tok.draw(opening))]
+        turns += [Turn(tok.draw(follow), delay_s) for _ in range(n - 1)]
+        return lambda t: [Session(f"{kind}-{i}", kind, t, system, turns, out_n)]
+
     def chat(c: int) -> Callable[[float], list[Session]]:
-        turns = [Turn(tok.draw(spec.chat_opening_tokens))]
-        turns += [
-            Turn(tok.draw(spec.user_tokens), spec.think_s) for _ in range(spec.chat_turns - 1)
-        ]
-        return lambda t: [Session(f"chat-{c}", "chat", t, system, turns, out_n)]
+        return conversation(
+            "chat", c, spec.chat_opening_tokens, spec.user_tokens, spec.think_s, spec.chat_turns
+        )
 
     def rag(q: int) -> Callable[[float], list[Session]]:
         d = q % spec.docs
@@ -255,11 +261,9 @@ def build_sessions(spec: LongContextSpec) -> list[Session]:
         return lambda t: [Session(f"rag-{q}.doc{d}", "rag", t, system + docs[d], turns, out_n)]
 
     def agent(a: int) -> Callable[[float], list[Session]]:
-        turns = [Turn(tok.draw(spec.task_tokens))]
-        turns += [
-            Turn(tok.draw(spec.tool_tokens), spec.tool_pause_s) for _ in range(spec.agent_steps - 1)
-        ]
-        return lambda t: [Session(f"agent-{a}", "agent", t, system, turns, out_n)]
+        return conversation(
+            "agent", a, spec.task_tokens, spec.tool_tokens, spec.tool_pause_s, spec.agent_steps
+        )
 
     def burst(b: int) -> Callable[[float], list[Session]]:
         r = b % spec.repos
@@ -324,28 +328,29 @@ def scaled(spec: LongContextSpec, f: float) -> LongContextSpec:
     if f == 1:
         return spec
 
-    def toward(n: int, floor: int) -> int:
-        return n if n <= floor else round(floor + (n - floor) * f)
+    low = spec.min_prompt_tokens - spec.system_tokens
 
-    floor = spec.min_prompt_tokens - spec.system_tokens
-    s = spec
+    def toward(name: str, floor: int) -> dict[str, int]:
+        n = getattr(spec, name)
+        return {name: n if n <= floor else round(floor + (n - floor) * f)}
+
+    def talks(sessions: str, turns: str, opening: str, follow: str, least: int) -> dict[str, int]:
+        # Chats and agents: one session of two turns, the opening at the floor.
+        return toward(sessions, 1) | toward(turns, 2) | toward(opening, low) | toward(follow, least)
+
+    def asked(contexts: str, tokens: str, asks: str, ask_tokens: str) -> dict[str, int]:
+        # RAG documents and code repositories: one context, asked about twice where there is one.
+        floor = low - getattr(spec, ask_tokens)
+        twice = 2 * min(getattr(spec, contexts), 1)
+        return toward(contexts, 1) | toward(tokens, floor) | toward(asks, twice)
+
     return replace(
-        s,
-        chat_sessions=toward(s.chat_sessions, 1),
-        chat_turns=toward(s.chat_turns, 2),
-        chat_opening_tokens=toward(s.chat_opening_tokens, floor),
-        user_tokens=toward(s.user_tokens, 64),
-        docs=toward(s.docs, 1),
-        doc_tokens=toward(s.doc_tokens, floor - s.question_tokens),
-        rag_questions=toward(s.rag_questions, 2 * min(s.docs, 1)),
-        agent_sessions=toward(s.agent_sessions, 1),
-        agent_steps=toward(s.agent_steps, 2),
-        task_tokens=toward(s.task_tokens, floor),
-        tool_tokens=toward(s.tool_tokens, 128),
-        repos=toward(s.repos, 1),
-        repo_tokens=toward(s.repo_tokens, floor - s.edit_tokens),
-        code_bursts=toward(s.code_bursts, 2 * min(s.repos, 1)),
-        burst_requests=toward(s.burst_requests, 2),
+        spec,
+        **talks("chat_sessions", "chat_turns", "chat_opening_tokens", "user_tokens", 64),
+        **asked("docs", "doc_tokens", "rag_questions", "question_tokens"),
+        **talks("agent_sessions", "agent_steps", "task_tokens", "tool_tokens", 128),
+        **asked("repos", "repo_tokens", "code_bursts", "edit_tokens"),
+        **toward("burst_requests", 2),
     )
 
 

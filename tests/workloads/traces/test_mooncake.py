@@ -9,6 +9,7 @@ import pytest
 
 from kvtier.workloads.requests import chain_keys
 from kvtier.workloads.traces import read_trace
+from kvtier.workloads.traces.lines import TraceUnits
 from kvtier.workloads.traces.mooncake import read_mooncake
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "mooncake_head200.jsonl"
@@ -58,7 +59,7 @@ def test_block_size_time_unit_and_namespace_are_parameters(tmp_path):
     path.write_text(
         '{"timestamp": 7, "input_length": 20, "output_length": 1, "hash_ids": [4, 5]}\n'
     )
-    (r,), skipped = read_mooncake(path, block_tokens=16, time_unit_s=1.0, namespace=b"x")
+    (r,), skipped = read_mooncake(path, TraceUnits(16, 1.0, b"x"))
     assert (r.arrival_s, r.block_tokens, skipped) == (0.0, 16, 0)  # rebased to the first
     assert r.blocks == chain_keys([4, 5], b"x") != chain_keys([4, 5], b"mooncake")
     other = read_trace(path, block_tokens=16).requests[0]

@@ -18,15 +18,10 @@ from kvtier.workloads.traces import bailian, mooncake
 from kvtier.workloads.traces.kvtier_run import RunMeta, read_kvtier_run
 
 FORMATS = ("mooncake", "bailian", "kvtier-run")
-#: The JSONL formats: reader and defaults (block tokens, seconds per time unit, namespace).
+#: The JSONL formats: reader and own units (block tokens, seconds per time unit, namespace).
 _JSONL = {
-    "mooncake": (
-        mooncake.read_mooncake,
-        mooncake.BLOCK_TOKENS,
-        mooncake.TIME_UNIT_S,
-        mooncake.NAMESPACE,
-    ),
-    "bailian": (bailian.read_bailian, bailian.BLOCK_TOKENS, bailian.TIME_UNIT_S, bailian.NAMESPACE),
+    "mooncake": (mooncake.read_mooncake, mooncake.UNITS),
+    "bailian": (bailian.read_bailian, bailian.UNITS),
 }
 
 
@@ -76,14 +71,9 @@ def read_trace(
         return Trace(requests, skipped, meta)
     if system is not None:
         raise ConfigError(f"system names a phase of a kvtier-run report, not of a {fmt} trace")
-    read, default_block, default_unit, default_namespace = _JSONL[fmt]
-    requests, skipped = read(
-        path,
-        block_tokens=default_block if block_tokens is None else block_tokens,
-        time_unit_s=default_unit if time_unit_s is None else time_unit_s,
-        namespace=default_namespace if namespace is None else namespace,
-        skip_bad=skip_bad,
-    )
+    read, units = _JSONL[fmt]
+    units = units.given(block_tokens, time_unit_s, namespace)
+    requests, skipped = read(path, units, skip_bad=skip_bad)
     return Trace(requests, skipped)
 
 

@@ -20,6 +20,7 @@ from kvtier.errors import ConfigError
 from kvtier.workloads.requests import TraceRequest, chain_keys
 from kvtier.workloads.traces.lines import (
     BadLine,
+    TraceUnits,
     hash_ids,
     integer,
     number,
@@ -27,9 +28,8 @@ from kvtier.workloads.traces.lines import (
     rebased,
 )
 
-BLOCK_TOKENS = 16
-TIME_UNIT_S = 1.0
-NAMESPACE = b"bailian"
+#: Bailian's own units: 16-token blocks, timestamps in seconds.
+UNITS = TraceUnits(block_tokens=16, time_unit_s=1.0, namespace=b"bailian")
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,11 @@ class _Chat:
 
 
 def read_bailian(
-    path: str | Path,
-    *,
-    block_tokens: int = BLOCK_TOKENS,
-    time_unit_s: float = TIME_UNIT_S,
-    namespace: bytes = NAMESPACE,
-    skip_bad: bool = False,
+    path: str | Path, units: TraceUnits = UNITS, *, skip_bad: bool = False
 ) -> tuple[list[TraceRequest], int]:
     """The requests of a Bailian trace (sorted by arrival, from its first timestamp) with their
     sessions, turns and kinds, and the count of bad lines skipped; block keys are
-    ``chain_keys(hash_ids, namespace)``.
+    ``chain_keys(hash_ids, units.namespace)``.
     """
     seen: dict[int, int] = {}
 
@@ -68,16 +63,16 @@ def read_bailian(
             raise BadLine(f"chat {chat_id} names itself as its parent")
         if chat_id in seen:
             raise BadLine(f"chat_id {chat_id} appears again (first on line {seen[chat_id]})")
-        arrival = number(record, "timestamp") * time_unit_s
+        arrival = number(record, "timestamp") * units.time_unit_s
         n_in = integer(record, "input_length", low=1)
         n_out = integer(record, "output_length")
         kind = record.get("type", "")
         if type(kind) is not str:
             raise BadLine(f"field 'type' must be a string, got {kind!r}")
         turn = integer(record, "turn") if "turn" in record else None
-        ids = hash_ids(record, n_in, block_tokens)
+        ids = hash_ids(record, n_in, units.block_tokens)
         seen[chat_id] = line
-        blocks = chain_keys(ids, namespace)
+        blocks = chain_keys(ids, units.namespace)
         return _Chat(line, chat_id, parent, arrival, n_in, n_out, kind, turn, blocks)
 
     chats, skipped = read_lines(path, parse, skip_bad=skip_bad)
@@ -117,7 +112,7 @@ def read_bailian(
                 c.input_tokens,
                 c.output_tokens,
                 c.blocks,
-                block_tokens,
+                units.block_tokens,
                 session=str(session),
                 turn=turn,
                 kind=c.kind,
@@ -126,4 +121,4 @@ def read_bailian(
     return rebased(requests), skipped
 
 
-__all__ = ["BLOCK_TOKENS", "NAMESPACE", "TIME_UNIT_S", "read_bailian"]
+__all__ = ["UNITS", "read_bailian"]

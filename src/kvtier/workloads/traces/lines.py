@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,29 @@ T = TypeVar("T")
 
 class BadLine(ValueError):
     """One record of a trace cannot be read; the message says why (without file or line)."""
+
+
+@dataclass(frozen=True)
+class TraceUnits:
+    """How a JSONL trace counts: tokens per ``hash_ids`` block, seconds per ``timestamp`` unit,
+    and the namespace its block keys are chained under (it keeps traces' equal ids apart)."""
+
+    block_tokens: int
+    time_unit_s: float
+    namespace: bytes
+
+    def given(
+        self,
+        block_tokens: int | None = None,
+        time_unit_s: float | None = None,
+        namespace: bytes | None = None,
+    ) -> TraceUnits:
+        """These units with each value that is given (not None) in place of its default."""
+        return TraceUnits(
+            self.block_tokens if block_tokens is None else block_tokens,
+            self.time_unit_s if time_unit_s is None else time_unit_s,
+            self.namespace if namespace is None else namespace,
+        )
 
 
 def open_text(path: str | Path) -> Iterator[str]:

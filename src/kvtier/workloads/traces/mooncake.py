@@ -12,35 +12,30 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.workloads.requests import TraceRequest, chain_keys
-from kvtier.workloads.traces.lines import hash_ids, integer, number, read_lines, rebased
+from kvtier.workloads.traces.lines import TraceUnits, hash_ids, integer, number, read_lines, rebased
 
-BLOCK_TOKENS = 512
-TIME_UNIT_S = 1e-3
-NAMESPACE = b"mooncake"
+#: Mooncake's own units: 512-token blocks, timestamps in milliseconds.
+UNITS = TraceUnits(block_tokens=512, time_unit_s=1e-3, namespace=b"mooncake")
 
 
 def read_mooncake(
-    path: str | Path,
-    *,
-    block_tokens: int = BLOCK_TOKENS,
-    time_unit_s: float = TIME_UNIT_S,
-    namespace: bytes = NAMESPACE,
-    skip_bad: bool = False,
+    path: str | Path, units: TraceUnits = UNITS, *, skip_bad: bool = False
 ) -> tuple[list[TraceRequest], int]:
     """The requests of a Mooncake trace (sorted by arrival, from its first timestamp) and the
     count of bad lines skipped (always 0 unless ``skip_bad``); block keys are
-    ``chain_keys(hash_ids, namespace)``.
+    ``chain_keys(hash_ids, units.namespace)``.
     """
 
     def parse(record: dict[str, Any], _line: int) -> TraceRequest:
-        arrival = number(record, "timestamp") * time_unit_s
+        arrival = number(record, "timestamp") * units.time_unit_s
         n_in = integer(record, "input_length", low=1)
         n_out = integer(record, "output_length")
-        ids = hash_ids(record, n_in, block_tokens)
-        return TraceRequest(arrival, n_in, n_out, chain_keys(ids, namespace), block_tokens)
+        ids = hash_ids(record, n_in, units.block_tokens)
+        keys = chain_keys(ids, units.namespace)
+        return TraceRequest(arrival, n_in, n_out, keys, units.block_tokens)
 
     requests, skipped = read_lines(path, parse, skip_bad=skip_bad)
     return rebased(requests), skipped
 
 
-__all__ = ["BLOCK_TOKENS", "NAMESPACE", "TIME_UNIT_S", "read_mooncake"]
+__all__ = ["UNITS", "read_mooncake"]

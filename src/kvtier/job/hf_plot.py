@@ -3,93 +3,65 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kvtier.job.hf_report import RunReport
+from kvtier.job.plot import Bars, paired_bars, plot_writer, save, subplots
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+#: Marker colour per decision action in the predicted-vs-actual plot.
+ACTION_COLORS = {"load": "#4f81bd", "partial": "#9bbb59", "recompute": "#c0504d", "miss": "#7f7f7f"}
+MIB = 1024 * 1024
 
 
 def plot_ttft(report: RunReport, path: Path) -> Path:
     """Grouped bars: time to first token per request, kvtier vs recompute-only (log scale)."""
-    plt = _pyplot()
     reqs = report.requests
     labels = [f"{r.session}#{r.turn + 1}" for r in reqs]
-    x = range(len(reqs))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(reqs) + 2), 4.2))
-    width = 0.4
-    ax.bar(
-        [i - width / 2 for i in x],
-        [r.recompute_ttft_s for r in reqs],
-        width,
-        label="recompute-only",
-        color="#c0504d",
-    )
-    ax.bar(
-        [i + width / 2 for i in x],
-        [r.kvtier_ttft_s for r in reqs],
-        width,
-        label="kvtier",
-        color="#4f81bd",
+    fig, ax = subplots(figsize=(max(6.0, 0.45 * len(reqs) + 2), 4.2))
+    paired_bars(
+        ax,
+        Bars("recompute-only", [r.recompute_ttft_s for r in reqs], "#c0504d"),
+        Bars("kvtier", [r.kvtier_ttft_s for r in reqs], "#4f81bd"),
     )
     ax.set_yscale("log")
     ax.set_ylabel("time to first token (s)")
-    ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
     m = report.model
     ax.set_title(f"TTFT per request: {m['model_id']} {m['dtype']} on {m['device']}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
+
+
+def _tier_panel(ax: Any, names: list[str], left: Bars, right: Bars, unit: str, title: str) -> None:
+    """One panel of :func:`plot_tiers`: two figures per tier side by side."""
+    paired_bars(ax, left, right)
+    ax.set_xticklabels(names)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend()
 
 
 def plot_tiers(report: RunReport, path: Path) -> Path:
     """Per tier: hit tokens and loaded tokens; bytes read and written."""
-    plt = _pyplot()
     tiers = report.summary()["tiers"]
     names = list(tiers)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
-    x = range(len(names))
-    w = 0.4
-    left.bar([i - w / 2 for i in x], [tiers[n]["hit_tokens"] for n in names], w, label="hit")
-    left.bar([i + w / 2 for i in x], [tiers[n]["loaded_tokens"] for n in names], w, label="loaded")
-    left.set_xticks(list(x))
-    left.set_xticklabels(names)
-    left.set_ylabel("tokens")
-    left.set_title("hits per tier")
-    left.legend()
-    mib = 1024 * 1024
-    right.bar(
-        [i - w / 2 for i in x], [tiers[n]["bytes_read"] / mib for n in names], w, label="read"
-    )
-    right.bar(
-        [i + w / 2 for i in x], [tiers[n]["bytes_written"] / mib for n in names], w, label="written"
-    )
-    right.set_xticks(list(x))
-    right.set_xticklabels(names)
-    right.set_ylabel("MiB")
-    right.set_title("bytes moved per tier")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def per_tier(key: str, unit: float = 1.0) -> list[float]:
+        return [tiers[n][key] / unit for n in names]
+
+    fig, (left, right) = subplots(1, 2, figsize=(9, 3.8))
+    hits, loaded = Bars("hit", per_tier("hit_tokens")), Bars("loaded", per_tier("loaded_tokens"))
+    _tier_panel(left, names, hits, loaded, "tokens", "hits per tier")
+    read = Bars("read", per_tier("bytes_read", MIB))
+    written = Bars("written", per_tier("bytes_written", MIB))
+    _tier_panel(right, names, read, written, "MiB", "bytes moved per tier")
+    return save(fig, path)
 
 
 def plot_predictions(report: RunReport, path: Path) -> Path:
     """Predicted vs actual seconds of each request's chosen path (load + prefill), log-log."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4.8, 4.4))
-    colors = {"load": "#4f81bd", "partial": "#9bbb59", "recompute": "#c0504d", "miss": "#7f7f7f"}
-    for action, color in colors.items():
+    fig, ax = subplots(figsize=(4.8, 4.4))
+    for action, color in ACTION_COLORS.items():
         pts = [
             (r.decision.actual_s, r.decision.predicted_s)
             for r in report.requests
@@ -112,18 +84,9 @@ def plot_predictions(report: RunReport, path: Path) -> Path:
     ax.set_ylabel("predicted s")
     ax.set_title("decision: predicted vs actual (±20 %)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
-def write_plots(report: RunReport, directory: Path) -> list[Path]:
-    """Write every plot of a run into ``directory`` (created); the paths written."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    return [
-        plot_ttft(report, directory / "run-ttft.png"),
-        plot_tiers(report, directory / "run-tiers.png"),
-        plot_predictions(report, directory / "run-predictions.png"),
-    ]
+#: ``write_plots(report, directory)``: every plot of a run into ``directory`` (created), each
+#: ``plot_<name>`` as ``run-<name>.png``; the paths written.
+write_plots = plot_writer("run-", plot_ttft, plot_tiers, plot_predictions)

@@ -20,6 +20,8 @@ import secrets
 import stat
 from pathlib import Path
 
+import psutil
+
 from kvtier.errors import TierPathError
 
 #: Filesystem types that hold no user files (kernel interfaces); a directory on one is refused.
@@ -105,23 +107,17 @@ def mount_of(path: str | os.PathLike) -> tuple[str, str] | None:
 
 
 def _enclosing_mounts(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """(fstype, mount point) of every mount ``path`` lies in, outermost first (mountinfo)."""
+    """(fstype, mount point) of every mount ``path`` lies in, outermost first."""
     real = os.path.realpath(path)
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+        mounts = psutil.disk_partitions(all=True)
     except OSError:
         return []
     found: dict[str, str] = {}
-    for line in lines:  # a later line mounted on the same point hides the earlier one
-        fields = line.split()
-        try:
-            point = _unescape(fields[4])
-            fstype = fields[fields.index("-", 6) + 1]
-        except (IndexError, ValueError):
-            continue
+    for mount in mounts:  # a later mount on the same point hides the earlier one
+        point = mount.mountpoint
         if real == point or real.startswith(point.rstrip("/") + "/"):
-            found[point] = fstype
+            found[point] = mount.fstype
     return [(found[point], point) for point in sorted(found, key=len)]
 
 
@@ -343,18 +339,3 @@ def _show(path: str) -> str:
     if len(path) > 160:
         return repr(f"{path[:60]}…{path[-40:]}") + f" ({len(os.fsencode(path))} bytes)"
     return repr(path)
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field with its octal escapes (``\\040`` for a space) decoded."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)

@@ -54,6 +54,15 @@ def supports_o_direct(directory: Path) -> bool:
         probe.unlink(missing_ok=True)
 
 
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages, to the hundredth (empty where unknown): a report
+    keeps them so that a run on a busy host can be told apart."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
 def can_drop_caches() -> bool:
     """Whether this process may write /proc/sys/vm/drop_caches (root, not a read-only /proc)."""
     return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import os
 import time
 import urllib.request
 import uuid
@@ -30,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvtier.bench.env import BenchEnvironment
+from kvtier.bench.env import BenchEnvironment, load_average
 from kvtier.bench.serve_client import ClientError, ClientRun, ClientWorker
 from kvtier.bench.serve_config import ServeBenchConfig, SystemPaths, tier_sizes, transfer_config
 from kvtier.bench.serve_metrics import CacheCounters, delta, scrape
@@ -61,15 +60,8 @@ def _vllm_version() -> str | None:
     return None
 
 
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 def _load1() -> float:
-    return (_loadavg() or [0.0])[0]
+    return (load_average() or [0.0])[0]
 
 
 def wait_quiet(
@@ -175,7 +167,7 @@ class ServeBench:
         kv_per_token = int(geometry.kv_bytes_per_token())
         dram, disk = tier_sizes(c, kv_per_token)
         env = BenchEnvironment.probe(self.run_dir, None).as_dict()
-        env.update(vllm=_vllm_version(), load_average_start=_loadavg(), model=model_id)
+        env.update(vllm=_vllm_version(), load_average_start=load_average(), model=model_id)
         env["model_folder"] = str(folder)
         env["kv_bytes_per_token"] = kv_per_token
         env["dtype"] = dtype
@@ -219,7 +211,7 @@ class ServeBench:
                 c.startup_timeout_s,
             )  # fmt: skip
             report.preload = check.run(folder, vocab)
-        report.environment["load_average_end"] = _loadavg()
+        report.environment["load_average_end"] = load_average()
         report.seconds = time.perf_counter() - began
         return report
 

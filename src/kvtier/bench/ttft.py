@@ -24,7 +24,6 @@ Every time is the fastest of ``repeats`` runs (one run for paths predicted to ta
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import statistics
 import time
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.bench.env import load_average
 from kvtier.errors import ConfigError
 
 REUSE_SPEEDUP_TARGET = 20.0
@@ -160,6 +160,23 @@ class Target:
     detail: str = ""
     unit: str = "ratio"  # how to show ``measured``: ratio, times, change or share
 
+    @classmethod
+    def when_measured(
+        cls,
+        name: str,
+        measured: float | None,
+        target: str,
+        ok: Callable[[float], bool],
+        detail: Callable[[], str],
+        unit: str = "ratio",
+    ) -> Target:
+        """The target with neither verdict nor detail where ``measured`` is None; otherwise
+        ``ok(measured)`` and ``detail()`` give them (neither is called without a figure, since
+        what they read may then be missing)."""
+        if measured is None:
+            return cls(name, None, target, None, "", unit)
+        return cls(name, measured, target, ok(measured), detail(), unit)
+
     def shown(self) -> str:
         """``measured`` formatted for a table."""
         x = self.measured
@@ -198,49 +215,44 @@ class TTFTReport:
         """The issue's targets with their verdicts."""
         out = []
         r = self.reuse
-        speedup = r.get("speedup")
         label = f"{r.get('prefix_tokens', '?')}-token prefix"
         out.append(
-            Target(
+            Target.when_measured(
                 "reuse from DRAM vs recompute",
-                speedup,
+                r.get("speedup"),
                 f"≥ {REUSE_SPEEDUP_TARGET:.0f}× ({label})",
-                None if speedup is None else speedup >= REUSE_SPEEDUP_TARGET,
-                ""
-                if speedup is None
-                else f"recompute {r['recompute_s']:.3f} s / reuse {r['reuse_s']:.3f} s",
+                lambda x: x >= REUSE_SPEEDUP_TARGET,
+                lambda: f"recompute {r['recompute_s']:.3f} s / reuse {r['reuse_s']:.3f} s",
                 "times",
             )
         )
-        bound = r.get("bound_ratio")
         out.append(
-            Target(
+            Target.when_measured(
                 "reuse TTFT / (new-token prefill + KV copy)",
-                bound,
+                r.get("bound_ratio"),
                 f"≤ {REUSE_BOUND_FACTOR:.2f}",
-                None if bound is None else bound <= REUSE_BOUND_FACTOR,
-                ""
-                if bound is None
-                else f"reuse {r['reuse_s']:.3f} s vs prefill of {r['new_tokens']} new tokens "
-                f"{r['new_prefill_s']:.3f} s + {r['kv_bytes'] / 1e6:.0f} MB / "
-                f"{r['copy_bandwidth'] / 1e9:.1f} GB/s = {r['copy_s']:.3f} s",
+                lambda x: x <= REUSE_BOUND_FACTOR,
+                lambda: (
+                    f"reuse {r['reuse_s']:.3f} s vs prefill of {r['new_tokens']} new tokens "
+                    f"{r['new_prefill_s']:.3f} s + {r['kv_bytes'] / 1e6:.0f} MB / "
+                    f"{r['copy_bandwidth'] / 1e9:.1f} GB/s = {r['copy_s']:.3f} s"
+                ),
             )
         )
         m = self.miss
-        overhead = m.get("overhead")
         out.append(
-            Target(
+            Target.when_measured(
                 "miss: TTFT added by kvtier",
-                overhead,
+                m.get("overhead"),
                 f"≤ {MISS_OVERHEAD_TARGET:.0%}",
-                None if overhead is None else overhead <= MISS_OVERHEAD_TARGET,
-                ""
-                if overhead is None
-                else f"median of {m['pairs']} paired ratios ({m['prompt_tokens']}-token cold "
-                f"prompts, TTFT {m['kvtier_median_s']:.3f} s vs {m['plain_median_s']:.3f} s; "
-                f"pairs spread ±{m['spread']:.1%}); kvtier's own work on the critical path "
-                f"(hashing, lookup, store hand-off) {m['direct_s'] * 1e3:.1f} ms = "
-                f"{m['direct_overhead']:+.2%}",
+                lambda x: x <= MISS_OVERHEAD_TARGET,
+                lambda: (
+                    f"median of {m['pairs']} paired ratios ({m['prompt_tokens']}-token cold "
+                    f"prompts, TTFT {m['kvtier_median_s']:.3f} s vs {m['plain_median_s']:.3f} s; "
+                    f"pairs spread ±{m['spread']:.1%}); kvtier's own work on the critical path "
+                    f"(hashing, lookup, store hand-off) {m['direct_s'] * 1e3:.1f} ms = "
+                    f"{m['direct_overhead']:+.2%}"
+                ),
                 "change",
             )
         )
@@ -449,7 +461,7 @@ class TTFTBench:
 
         cfg = self.config
         began = time.perf_counter()
-        loads = {"start": _loadavg()}
+        loads = {"start": load_average()}
         loaded = self.loaded
         if loaded is None:
             dev = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -613,7 +625,7 @@ class TTFTBench:
             if made:
                 with contextlib.suppress(OSError):
                     root.rmdir()
-        loads["end"] = _loadavg()
+        loads["end"] = load_average()
         evens = break_even(profile)
         measured_even = {}
         for name in evens:
@@ -850,13 +862,6 @@ class TTFTBench:
     def loaded_model(self):
         """The model being measured (set by :meth:`run`)."""
         return self._model
-
-
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 # --- rendering ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from kvtier.harness.vllm_server import (
     ServerConfig,
     VllmServer,
     VllmServerError,
+    check_chunk_tokens,
     free_port,
     log_tail,
     min_pool_blocks,
@@ -65,6 +66,14 @@ def test_a_pool_too_small_for_one_request_is_refused():
     with pytest.raises(ConfigError, match="at least 65"):
         ServerConfig(Path("/m"), pool_blocks=64)
     ServerConfig(Path("/m"), pool_blocks=65)
+
+
+def test_chunks_must_be_whole_vllm_blocks():
+    check_chunk_tokens(128)
+    check_chunk_tokens(512)
+    for bad in (0, 64, 192):
+        with pytest.raises(ConfigError, match="multiple of vLLM's 128-token block"):
+            check_chunk_tokens(bad)
 
 
 def test_free_port_and_log_tail(tmp_path):

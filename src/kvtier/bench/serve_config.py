@@ -12,7 +12,7 @@ from typing import Any
 
 from kvtier.bench.serve_client import prefix_repetition_args, random_args, sessions_args
 from kvtier.errors import ConfigError
-from kvtier.harness.vllm_server import BLOCK_TOKENS, min_pool_blocks
+from kvtier.harness.vllm_server import BLOCK_TOKENS, check_chunk_tokens, min_pool_blocks
 
 #: Every system, in the order they run: vLLM alone (its prefix cache), kvtier (host memory then
 #: disk), kvtier with the disk tier only, vLLM's ExampleConnector (safetensors files on disk).
@@ -37,6 +37,13 @@ TARGET_CONCURRENCY = (1, 4, 8)
 #: Room a chat template takes: its system turn and generation prompt, then each message's markers.
 CHAT_TEMPLATE_TOKENS = 64
 CHAT_MESSAGE_TOKENS = 8
+
+
+def _at_least_one(*options: tuple[str, int]) -> None:
+    """ConfigError naming the first of the (option, value) pairs whose value is below 1."""
+    for name, value in options:
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -174,15 +181,13 @@ class ServeBenchConfig:
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError("--concurrency: positive integers, e.g. 1,4,8")
         p = self.prefix
-        for name, value in (
+        _at_least_one(
             ("--prefix-len", p.prefix_tokens),
             ("--suffix-len", p.suffix_tokens),
             ("--num-prefixes", p.num_prefixes),
             ("--num-prompts", p.prompts),
             ("--output-len", p.output_tokens),
-        ):
-            if value < 1:
-                raise ConfigError(f"{name} must be at least 1, got {value}")
+        )
         if p.prompts < p.num_prefixes:
             raise ConfigError(
                 f"--num-prompts {p.prompts} gives no prompt to some of the "
@@ -200,25 +205,20 @@ class ServeBenchConfig:
             )
         r = self.random
         if r is not None:
-            for name, value in (
+            _at_least_one(
                 ("--random-input-len", r.input_tokens),
                 ("--random-output-len", r.output_tokens),
                 ("--random-prompts", r.prompts),
                 ("--random-concurrency", r.concurrency),
                 ("--repeat", r.repeats),
-            ):
-                if value < 1:
-                    raise ConfigError(f"{name} must be at least 1, got {value}")
+            )
         w = self.preload
         if w is not None and (w.tokens <= w.chunk_tokens or w.hits < 1):
             raise ConfigError(
                 f"the preload check needs prompts longer than a chunk ({w.chunk_tokens} tokens) "
                 f"and at least one of them; got {w.hits} of {w.tokens}"
             )
-        if self.chunk_tokens < BLOCK_TOKENS or self.chunk_tokens % BLOCK_TOKENS:
-            raise ConfigError(
-                f"--chunk-tokens must be a multiple of vLLM's {BLOCK_TOKENS}-token block"
-            )
+        check_chunk_tokens(self.chunk_tokens)
         longest = self.longest_request()
         if self.max_model_len is not None and self.max_model_len < longest:
             raise ConfigError(

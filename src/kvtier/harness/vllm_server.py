@@ -131,6 +131,13 @@ def min_pool_blocks(max_model_len: int) -> int:
     return -(-max_model_len // BLOCK_TOKENS) + 1
 
 
+def check_chunk_tokens(chunk_tokens: int) -> None:
+    """ConfigError unless ``chunk_tokens`` (``--chunk-tokens``) is a whole number of vLLM's
+    :data:`BLOCK_TOKENS`-token blocks: the connector stores and loads whole blocks."""
+    if chunk_tokens < BLOCK_TOKENS or chunk_tokens % BLOCK_TOKENS:
+        raise ConfigError(f"--chunk-tokens must be a multiple of vLLM's {BLOCK_TOKENS}-token block")
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     """The last ``lines`` lines of a log file (empty when it cannot be read)."""
     try:
@@ -257,6 +264,7 @@ __all__ = [
     "ServerConfig",
     "VllmServer",
     "VllmServerError",
+    "check_chunk_tokens",
     "connector_config",
     "free_port",
     "log_tail",

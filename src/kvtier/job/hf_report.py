@@ -7,16 +7,39 @@ hit tokens = Σ per tier, loaded chunks = Σ per tier.
 
 from __future__ import annotations
 
-import json
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.job.decision import DecisionEntry
+from kvtier.job.report import attribute_dict, median, report_json
+from kvtier.job.report import format_seconds as _s
 
 #: Predicted time counts as accurate within this relative error of the measured one.
 PREDICTION_TOLERANCE = 0.20
 SCHEMA = "kvtier.run/1"
+#: A request's fields its JSON carries as they are, before its times.
+REQUEST_FIELDS = (
+    "index",
+    "session",
+    "kind",
+    "turn",
+    "prompt_tokens",
+    "shared_tokens",
+    "generated",
+    "tokens_match",
+    "logits_max_diff",
+)
+#: The report's fields its JSON carries as they are, after its schema and summary.
+REPORT_FIELDS = (
+    "model",
+    "tiers",
+    "profile",
+    "break_even",
+    "admission",
+    "timing",
+    "load_average",
+    "config",
+)
 
 
 @dataclass
@@ -53,21 +76,10 @@ class RequestResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {
-            "index": self.index,
-            "session": self.session,
-            "kind": self.kind,
-            "turn": self.turn,
-            "prompt_tokens": self.prompt_tokens,
-            "shared_tokens": self.shared_tokens,
-            "generated": self.generated,
-            "tokens_match": self.tokens_match,
-            "logits_max_diff": self.logits_max_diff,
+            **attribute_dict(self, REQUEST_FIELDS),
             "ttft_kvtier_s": self.kvtier_ttft_s,
             "ttft_recompute_s": self.recompute_ttft_s,
-            "saved_s": self.saved_s,
-            "store_flush_s": self.store_flush_s,
-            "kvtier": self.kvtier,
-            "recompute": self.recompute,
+            **attribute_dict(self, ("saved_s", "store_flush_s", "kvtier", "recompute")),
             "decision": self.decision.as_dict(),
         }
 
@@ -96,31 +108,14 @@ class RunReport:
         return {
             "schema": SCHEMA,
             "summary": self.summary(),
-            "model": self.model,
-            "tiers": self.tiers,
-            "profile": self.profile,
-            "break_even": self.break_even,
-            "admission": self.admission,
-            "timing": self.timing,
-            "load_average": self.load_average,
-            "config": self.config,
+            **attribute_dict(self, REPORT_FIELDS),
             "requests": [r.as_dict() for r in self.requests],
             "cache": self.cache,
         }
 
     def to_json(self) -> str:
         """The report as one JSON document."""
-        return json.dumps(self.to_dict(), indent=2, default=_jsonable)
-
-
-def _jsonable(value):
-    if isinstance(value, tuple | set):
-        return list(value)
-    return str(value)
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+        return report_json(self.to_dict())
 
 
 def summarize(report: RunReport) -> dict[str, Any]:
@@ -179,8 +174,8 @@ def summarize(report: RunReport) -> dict[str, Any]:
         "ttft": {
             "kvtier_total_s": total_kv,
             "recompute_total_s": total_base,
-            "kvtier_median_s": _median(kv_ttft),
-            "recompute_median_s": _median(base_ttft),
+            "kvtier_median_s": median(kv_ttft),
+            "recompute_median_s": median(base_ttft),
             "speedup": total_base / total_kv if total_kv > 0 else None,
             "seconds_saved": total_base - total_kv,
         },
@@ -202,8 +197,8 @@ def summarize(report: RunReport) -> dict[str, Any]:
             "predicted": len(errors),
             "within_tolerance": within,
             "tolerance": PREDICTION_TOLERANCE,
-            "median_abs_error": _median(errors),
-            "median_abs_error_decisions": _median(chosen),
+            "median_abs_error": median(errors),
+            "median_abs_error_decisions": median(chosen),
             "predicted_s": sum(e.predicted_s for e in entries),
             "actual_s": sum(e.actual_s for e in entries),
         },
@@ -212,10 +207,6 @@ def summarize(report: RunReport) -> dict[str, Any]:
 
 
 # --- rich rendering -----------------------------------------------------------------------
-def _s(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x * 1e3:.1f} ms" if abs(x) < 1 else f"{x:.2f} s"
 
 
 def _pct(x: float | None) -> str:

@@ -9,17 +9,31 @@ seconds saved are the engine's measured prefill curve applied to those hits.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
-import numpy as np
+from kvtier.job.report import attribute_dict, format_seconds, percentile, report_json
 
 SCHEMA = "kvtier.run.vllm/1"
 #: The engine's own prefix cache in a record's ``hit_tokens`` (the others are kvtier's tiers).
 ENGINE_TIER = "vllm"
 SYSTEMS = ("vllm", "vllm+kvtier", "vllm+kvtier+codec")
+#: A phase's fields its JSON carries as they are, before its metrics and requests.
+PHASE_FIELDS = ("system", "startup_s", "warmup", "wall_s", "server", "tiers", "notes", "errors")
+#: The report's fields its JSON carries as they are, between its summary and its phases.
+REPORT_FIELDS = (
+    "machine",
+    "model",
+    "engine",
+    "sizing",
+    "tiers",
+    "config",
+    "notes",
+    "failed",
+    "wall_s",
+)
 
 
 @dataclass
@@ -84,25 +98,13 @@ class PhaseResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "system": self.system,
-            "startup_s": self.startup_s,
-            "warmup": self.warmup,
-            "wall_s": self.wall_s,
-            "server": self.server,
-            "tiers": self.tiers,
-            "notes": self.notes,
-            "errors": self.errors,
+            **attribute_dict(self, PHASE_FIELDS),
             "metrics_delta": self.metrics,
             "kvtier_metrics": {
                 k: v for k, v in self.metrics_after.items() if k.startswith("kvtier")
             },
             "requests": [r.to_dict() for r in self.requests],
         }
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (0–100, linear interpolation) of ``values``; None when empty."""
-    return float(np.percentile(values, q)) if values else None
 
 
 def _metric(metrics: dict[str, float], name: str) -> float | None:
@@ -208,20 +210,12 @@ class VllmRunReport:
         return {
             "schema": SCHEMA,
             "summary": self.summary(),
-            "machine": self.machine,
-            "model": self.model,
-            "engine": self.engine,
-            "sizing": self.sizing,
-            "tiers": self.tiers,
-            "config": self.config,
-            "notes": self.notes,
-            "failed": self.failed,
-            "wall_s": self.wall_s,
+            **attribute_dict(self, REPORT_FIELDS),
             "phases": [p.to_dict() for p in self.phases],
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=_jsonable)
+        return report_json(self.to_dict())
 
 
 def codec_compare(raw: dict[str, Any], coded: dict[str, Any]) -> dict[str, Any]:
@@ -248,16 +242,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple | set):
-        return list(value)
-    return str(value)
-
-
-def _s(x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{x * 1e3:.0f} ms" if abs(x) < 1 else f"{x:.2f} s"
+_s = partial(format_seconds, ms_digits=0)
 
 
 def _n(x: float | None, digits: int = 2) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvtier.harness.processes import (
+    GroupLeader,
     cpu_used,
     end_process_group,
     group_cpu_by_name,
@@ -135,3 +136,34 @@ def test_a_group_that_will_not_end_is_killed_when_the_grace_runs_out():
         end_process_group(proc, grace_s=1.0, term=True)  # SIGTERM ends the leader, not the child
         assert 0.9 <= time.monotonic() - started < 8
         assert group_pids(proc.pid) == []
+
+
+class Sleeper(GroupLeader):
+    """The leader of SPIN's group: it sleeps, its child spins."""
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def start(self) -> Sleeper:
+        self._proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+        return self
+
+    def stop(self) -> int | None:
+        self.stops += 1
+        proc = self._release()
+        return None if proc is None else end_process_group(proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_group_leader_stops_its_group_on_leaving_the_block_even_on_an_error():
+    sleeper = Sleeper()
+    assert sleeper.pid is None
+    with pytest.raises(RuntimeError, match="inside"), sleeper as running:
+        assert running is sleeper and sleeper.pid is not None
+        pid = sleeper.pid
+        wait_for_cpu(lambda: group_cpu_seconds(pid), 0.1)  # the child has started
+        assert len(group_pids(pid)) == 2
+        raise RuntimeError("inside")
+    assert sleeper.stops == 1 and sleeper.pid is None
+    assert group_pids(pid) == []
+    assert sleeper.stop() is None  # nothing left to stop

@@ -21,11 +21,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 from kvtier.errors import KvtierError
-from kvtier.harness.processes import end_process_group
+from kvtier.harness.processes import GroupLeader, end_process_group
 from kvtier.harness.vllm_server import log_tail
 
 WORKER_MODULE = "kvtier.harness.bench_client"
@@ -232,7 +231,7 @@ class ClientResult:
         return out
 
 
-class ClientWorker:
+class ClientWorker(GroupLeader):
     """The worker process that runs vLLM's client; use as a context manager.
 
     ``start`` returns at once (the import of the client overlaps a server's start);
@@ -245,10 +244,6 @@ class ClientWorker:
         self._proc: subprocess.Popen[str] | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._ready = False
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def start(self) -> ClientWorker:
         """Start the worker (its own process group), logging to ``log_path``."""
@@ -324,24 +319,13 @@ class ClientWorker:
 
     def stop(self) -> None:
         """Close the worker's input, then end its process group."""
-        proc, self._proc = self._proc, None
+        proc = self._release()
         if proc is None:
             return
         with contextlib.suppress(OSError):
             if proc.stdin is not None:
                 proc.stdin.close()
         end_process_group(proc, grace_s=5)
-
-    def __enter__(self) -> ClientWorker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Ending a process that leads its own process group, and everything it started; the CPU time
-such a group has used.
+such a group has used; the owner of such a process, which stops it on leaving a ``with`` block.
 
 vLLM's server and offline engines start child processes (the engine core, the worker); a
 process started with ``start_new_session=True`` leads a group that holds them all, so one
@@ -14,7 +14,10 @@ import os
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Self
 
 
 def end_process_group(
@@ -99,7 +102,45 @@ def group_cpu_seconds(pgid: int, proc_root: str = "/proc") -> float:
     return sum(group_cpu_by_name(pgid, proc_root).values())
 
 
+class GroupLeader(ABC):
+    """Owner of a subprocess that leads its own process group: ``start`` starts it (with
+    ``start_new_session=True``) and returns the owner, ``stop`` ends it and its group; as a
+    context manager, leaving the ``with`` block (normally or on an exception) stops it."""
+
+    _proc: subprocess.Popen[Any] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The leader's process id (None when not running)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _release(self) -> subprocess.Popen[Any] | None:
+        """The running process, no longer held (None when there is none), for ``stop`` to end."""
+        proc, self._proc = self._proc, None
+        return proc
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Start the process; the owner itself."""
+
+    @abstractmethod
+    def stop(self) -> object:
+        """End the process and its group (nothing when it is not running)."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
 __all__ = [
+    "GroupLeader",
     "cpu_used",
     "end_process_group",
     "group_cpu_by_name",

@@ -19,12 +19,16 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from kvtier.engines.vllm.dtype import engine_dtype
 from kvtier.errors import ConfigError, KvtierError
-from kvtier.harness.processes import end_process_group, group_cpu_by_name, group_cpu_seconds
+from kvtier.harness.processes import (
+    GroupLeader,
+    end_process_group,
+    group_cpu_by_name,
+    group_cpu_seconds,
+)
 from kvtier.specs.host import free_port
 
 #: Tokens per vLLM KV block on its CPU backend (what ``--num-gpu-blocks-override`` counts).
@@ -150,7 +154,7 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-class VllmServer:
+class VllmServer(GroupLeader):
     """A running vLLM OpenAI server; use as a context manager.
 
     ``base_url`` is ``http://127.0.0.1:<port>``; ``startup_s`` how long the start took;
@@ -171,10 +175,6 @@ class VllmServer:
     @property
     def model_name(self) -> str:
         return str(self.config.model)
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def cpu_seconds(self) -> float:
         """CPU seconds the server's processes (API server, engine core, worker) have used so
@@ -240,21 +240,10 @@ class VllmServer:
         """SIGTERM the server, wait up to ``grace_s``, then SIGKILL its process group.
 
         Returns the server's exit code (None if it was never started)."""
-        proc, self._proc = self._proc, None
+        proc = self._release()
         if proc is None:
             return None
         return end_process_group(proc, grace_s, term=True)
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 __all__ = [

@@ -60,3 +60,45 @@ def test_prompt_hash_is_xxh3_64_of_little_endian_uint32():
     assert prompt_hash(ids) == xxhash.xxh3_64_hexdigest(raw)
     assert prompt_hash(np.array(ids, dtype=np.int64)) == prompt_hash(ids)
     assert prompt_hash([1, 2]) != prompt_hash([2, 1])
+
+
+def test_a_line_fed_is_timed_when_it_arrives():
+    stream = CompletionStream(sent=0.0, prompt_tokens=4)
+    stream.feed_line("")
+    stream.feed_line('data: {"choices": [{"token_ids": [9, 8]}]}')
+    stream.feed_line("data: [DONE]")
+    c = stream.done(1e12)
+    assert c.output_ids == [9, 8] and 0 < c.ttft_s < 1e12
+
+
+def _complete(handler) -> object:
+    import asyncio
+
+    import httpx
+
+    from kvtier.job.vllm_client import complete
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await complete(client, "http://vllm", "m", [1, 2, 3], 2)
+
+    return asyncio.run(go())
+
+
+def test_complete_streams_through_the_client_and_says_what_failed():
+    import httpx
+
+    lines = 'data: {"choices": [{"token_ids": [4]}]}\n\ndata: [DONE]\n\n'
+    c = _complete(lambda request: httpx.Response(200, text=lines))
+    assert c.output_ids == [4] and c.prompt_tokens == 3
+    with pytest.raises(RequestError, match="HTTP 500: down"):
+        _complete(lambda request: httpx.Response(500, text="down"))
+    with pytest.raises(RequestError, match="http://vllm sent a broken stream"):
+        _complete(lambda request: httpx.Response(200, text="data: {not json\n\n"))
+
+    def refuse(request):
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(RequestError, match="request to http://vllm failed") as caught:
+        _complete(refuse)
+    assert caught.value.__suppress_context__

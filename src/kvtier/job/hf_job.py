@@ -14,10 +14,8 @@ run never competes with kvtier's background stores (and the next request finds t
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,6 +32,8 @@ from kvtier.engines.profile import (
 from kvtier.errors import ConfigError
 from kvtier.job.decision import LoggedDecision, QueueProbe, decision_entry, judge
 from kvtier.job.hf_report import RequestResult, RunReport
+from kvtier.job.progress import Progress, quiet
+from kvtier.job.report import load_average
 from kvtier.policy.reuse import REUSE_PRIORS, HintedAdmission, chunk_values
 from kvtier.workloads.sessions import WorkloadSpec, build_sessions, interleave
 
@@ -41,9 +41,6 @@ DEFAULT_DIR = Path(".kvtier") / "run"
 
 #: The default workload (WorkloadSpec's defaults are sized for `kvtier run`).
 DEFAULT_WORKLOAD = WorkloadSpec()
-
-#: progress(label, done, total): one step per request (both runs), plus setup stages.
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -98,26 +95,16 @@ def _tier_name(url: str, i: int) -> str:
     return name or (parsed.scheme if i == 0 else f"{parsed.scheme}{i}")
 
 
-def _quiet(label: str, done: int, total: int) -> None:
-    return None
-
-
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages (empty where unknown)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 def total_steps(spec: WorkloadSpec) -> int:
     """Progress steps of a run: setup (3) plus one per request."""
     sessions = build_sessions(spec)
     return 3 + sum(len(s.turns) for s in sessions)
 
 
-def run_job(config: RunConfig, loaded=None, progress: Progress = _quiet) -> RunReport:
+def run_job(config: RunConfig, loaded=None, progress: Progress = quiet) -> RunReport:
     """Run the workload with kvtier and recompute-only; the report of both.
+
+    ``progress`` is called at each setup stage and once per request (both runs of it).
 
     ``loaded``: an already loaded :class:`~kvtier.engines.embedded.LoadedModel` (must have a
     tokenizer); otherwise ``config.model`` is loaded.

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,12 @@ class CompletionStream:
                 k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and v == v
             }
 
+    def feed_line(self, line: str) -> None:
+        """Feed one server-sent-events line (:func:`read_chunk`), timed now."""
+        chunk = read_chunk(line)
+        if chunk is not None:
+            self.feed(chunk, time.perf_counter())
+
     def done(self, now: float) -> Completion:
         if self.ttft_s is None:
             raise RequestError("the stream ended without a token")
@@ -124,28 +131,39 @@ class CompletionStream:
         )
 
 
+def _start(
+    model: str, prompt: list[int], max_tokens: int
+) -> tuple[dict[str, Any], CompletionStream]:
+    """A completion's body, and its stream with the clock started (just before sending)."""
+    body = completion_body(model, prompt, max_tokens)
+    return body, CompletionStream(time.perf_counter(), len(prompt))
+
+
+@contextmanager
+def _request_errors(base_url: str) -> Iterator[None]:
+    """A failed request to ``base_url`` or a broken stream from it, as a RequestError."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise RequestError(f"request to {base_url} failed: {exc!r}") from None
+    except ValueError as exc:  # a chunk that is not JSON
+        raise RequestError(f"{base_url} sent a broken stream: {exc}") from None
+
+
 async def complete(
     client: Any, base_url: str, model: str, prompt: list[int], max_tokens: int
 ) -> Completion:
     """Stream one completion through an ``httpx.AsyncClient``; RequestError on failure."""
-    import httpx
-
-    body = completion_body(model, prompt, max_tokens)
-    sent = time.perf_counter()
-    stream = CompletionStream(sent, len(prompt))
-    try:
+    body, stream = _start(model, prompt, max_tokens)
+    with _request_errors(base_url):
         async with client.stream("POST", base_url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
                 raise RequestError(f"vLLM answered HTTP {r.status_code}: {text[:300]}")
             async for line in r.aiter_lines():
-                chunk = read_chunk(line)
-                if chunk is not None:
-                    stream.feed(chunk, time.perf_counter())
-    except httpx.HTTPError as exc:
-        raise RequestError(f"request to {base_url} failed: {exc!r}") from None
-    except ValueError as exc:  # a chunk that is not JSON
-        raise RequestError(f"{base_url} sent a broken stream: {exc}") from None
+                stream.feed_line(line)
     return stream.done(time.perf_counter())
 
 
@@ -155,21 +173,15 @@ def complete_sync(
     """:func:`complete` without an event loop (warm-up and probes)."""
     import httpx
 
-    body = completion_body(model, prompt, max_tokens)
-    sent = time.perf_counter()
-    stream = CompletionStream(sent, len(prompt))
-    try:
-        with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=timeout_s) as r:
-            if r.status_code != 200:
-                raise RequestError(f"vLLM answered HTTP {r.status_code}: {r.read()[:300]!r}")
-            for line in r.iter_lines():
-                chunk = read_chunk(line)
-                if chunk is not None:
-                    stream.feed(chunk, time.perf_counter())
-    except httpx.HTTPError as exc:
-        raise RequestError(f"request to {base_url} failed: {exc!r}") from None
-    except ValueError as exc:  # a chunk that is not JSON
-        raise RequestError(f"{base_url} sent a broken stream: {exc}") from None
+    body, stream = _start(model, prompt, max_tokens)
+    with (
+        _request_errors(base_url),
+        httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=timeout_s) as r,
+    ):
+        if r.status_code != 200:
+            raise RequestError(f"vLLM answered HTTP {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            stream.feed_line(line)
     return stream.done(time.perf_counter())
 
 

@@ -41,6 +41,8 @@ from kvtier.harness.vllm_server import (
     connector_config,
     min_pool_blocks,
 )
+from kvtier.job.progress import Progress, quiet
+from kvtier.job.report import load_average
 from kvtier.job.vllm_client import (
     RequestError,
     complete,
@@ -87,13 +89,6 @@ def warmup_lengths_for(max_model_len: int) -> tuple[int, ...]:
 
 #: The prompt length the reported prefill speed refers to.
 REFERENCE_TOKENS = 4096
-
-#: progress(label, done, total): one step per server start, warm-up prompt and request.
-Progress = Callable[[str, int, int], None]
-
-
-def _quiet(label: str, done: int, total: int) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -414,13 +409,6 @@ def attach_connector_records(
     return notes
 
 
-def _load_average() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 @dataclass(frozen=True)
 class RunPaths:
     """Where one run keeps its files: logs and records in ``run_dir``, the disk tier inside it,
@@ -468,14 +456,16 @@ class _Steps:
         self.progress(label, self.done, self.total)
 
 
-def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunReport:
+def run_vllm_job(config: VllmRunConfig, progress: Progress = quiet) -> VllmRunReport:
     """Run the workload through vLLM alone, then with kvtier; the report of both.
+
+    ``progress`` is called at each server start, warm-up prompt and request.
 
     A failing kvtier phase does not lose the vLLM-alone one: the report carries it, with the
     error in ``failed`` (its server log kept).
     """
     began = time.perf_counter()
-    load_before = _load_average()
+    load_before = load_average()
     folder, fingerprint, model_id = embedded_model_folder()
     dtype = config.engine_dtype()
     geometry = model_from_hf_config(folder).with_dtypes(kv=short_name(dtype))
@@ -571,7 +561,7 @@ def run_vllm_job(config: VllmRunConfig, progress: Progress = _quiet) -> VllmRunR
         paths.clean(config.keep, ok)
     if config.keep or not ok:
         notes.append(f"logs and records in {paths.run_dir}")
-    load_after = _load_average()
+    load_after = load_average()
     cpus = os.cpu_count() or 1
     # the load before the run: afterwards the 1-minute average is mostly the engine's own
     busiest = load_before[0] if load_before else 0.0

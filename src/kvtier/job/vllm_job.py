@@ -38,6 +38,7 @@ from kvtier.harness.vllm_server import (
     CONNECTOR_MODULE,
     ServerConfig,
     VllmServer,
+    check_chunk_tokens,
     connector_config,
     min_pool_blocks,
 )
@@ -136,10 +137,7 @@ class VllmRunConfig:
                 f"--pool-blocks {self.pool_blocks} cannot hold one {self.max_model_len}-token "
                 f"request; give at least {least} (or a smaller --max-model-len)"
             )
-        if self.chunk_tokens < BLOCK_TOKENS or self.chunk_tokens % BLOCK_TOKENS:
-            raise ConfigError(
-                f"--chunk-tokens must be a multiple of vLLM's {BLOCK_TOKENS}-token block"
-            )
+        check_chunk_tokens(self.chunk_tokens)
         if self.budget_s <= 0:
             raise ConfigError("--budget must be positive")
         if self.disk_codec not in DISK_CODECS:

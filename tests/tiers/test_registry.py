@@ -118,7 +118,7 @@ def test_entry_point_tier_opens_by_url(tmp_path):
         import json
         from kvtier.errors import ConfigError
         from kvtier.tiers.registry import open_tier, options_class, tier_class
-        from kvtier.tiers.url import replace_options
+        from kvtier.tiers.registry import replace_options
 
         tier = open_tier("mytier://?size=1MiB&name=mine", bytes(range(16)))
         out = {"type": type(tier).__name__, "base": type(tier).__mro__[1].__name__,

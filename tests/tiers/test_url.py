@@ -17,6 +17,7 @@ from kvtier.specs import GiB, KiB, MiB
 from kvtier.tiers.base import TierURL
 from kvtier.tiers.files.options import FileTierOptions, PerBlockOptions, SlabOptions
 from kvtier.tiers.memory.options import MemoryOptions
+from kvtier.tiers.registry import replace_options
 from kvtier.tiers.url import (
     IO_CHOICES,
     UrlOptions,
@@ -26,7 +27,6 @@ from kvtier.tiers.url import (
     opt,
     option_fields,
     parse_options,
-    replace_options,
     size_text,
 )
 
@@ -316,7 +316,7 @@ def test_round_trip(cls, data):
     assert parse_options(cls, TierURL.parse(url)) == options
 
 
-# --- replace_options ---------------------------------------------------------------------------
+# --- replace_options (the registry's, over with_options) ----------------------------------------
 def test_replace_options():
     assert replace_options("memory://?size=8MiB&name=dram", size=100 << 20) == (
         "memory://?size=100MiB&name=dram"

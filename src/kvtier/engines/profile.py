@@ -117,8 +117,8 @@ def roomy(url: str, need: int) -> str:
     (left for opening it to report), unchanged."""
     from kvtier.errors import ConfigError
     from kvtier.tiers.base import TierURL
-    from kvtier.tiers.registry import options_class
-    from kvtier.tiers.url import parse_options, replace_options
+    from kvtier.tiers.registry import options_class, replace_options
+    from kvtier.tiers.url import parse_options
 
     try:
         parsed = TierURL.parse(url)

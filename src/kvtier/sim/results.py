@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from kvtier.sim.config import SimConfig
+from kvtier.sim.links import LinkQueue
+from kvtier.sim.replica import Replica
+from kvtier.sim.request import SimRequest
+from kvtier.sim.tiers import SimTier
 from kvtier.specs.jsonout import finite
-
-if TYPE_CHECKING:
-    from kvtier.sim.simulator import Simulator
 
 _DAY = 86_400.0
 
@@ -120,13 +123,20 @@ def _record(r) -> RequestRecord:
     )
 
 
-def build_result(sim: Simulator) -> SimResult:
-    """Records and summary of a finished simulation."""
-    cfg = sim.config
-    records = [_record(r) for r in sim.requests]
+def build_result(
+    cfg: SimConfig,
+    requests: Sequence[SimRequest],
+    now: float,
+    engines: Sequence[Replica],
+    link_queues: Mapping[str, LinkQueue],
+    tier_rows: Sequence[Sequence[SimTier]],
+) -> SimResult:
+    """Records and summary of a finished simulation: its config, requests, clock, replicas
+    (``engines``), links and tiers (one row of tiers per replica)."""
+    records = [_record(r) for r in requests]
     done = [r for r in records if r.e2e_s is not None]
     first = min((r.sent_s for r in records), default=0.0)
-    makespan = max(sim.now - first, 1e-12)
+    makespan = max(now - first, 1e-12)
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     tpot = [r.tpot_s for r in done if r.tpot_s is not None]
     e2e = [r.e2e_s for r in done if r.e2e_s is not None]
@@ -142,7 +152,7 @@ def build_result(sim: Simulator) -> SimResult:
             hits[tier] = hits.get(tier, 0) + n
     replicas = []
     totals = {"compute_s": 0.0, "kv_wait_s": 0.0, "idle_s": 0.0}
-    for rep in sim.replicas:
+    for rep in engines:
         st = rep.stats
         span = st.compute_s + st.kv_wait_s + st.idle_s
         replicas.append(
@@ -175,11 +185,11 @@ def build_result(sim: Simulator) -> SimResult:
             "utilization": link.busy_s / makespan,
             "transfers": link.transfers,
         }
-        for name, link in sorted(sim.links.items())
+        for name, link in sorted(link_queues.items())
     }
     tiers = {}
     seen: set[int] = set()
-    for row in sim.tiers:
+    for row in tier_rows:
         for tier in row:
             if id(tier) in seen:
                 continue
@@ -205,7 +215,7 @@ def build_result(sim: Simulator) -> SimResult:
     summary = {
         "requests": len(records),
         "finished": len(done),
-        "rejected": sum(1 for r in sim.requests if r.state == "rejected"),
+        "rejected": sum(1 for r in requests if r.state == "rejected"),
         "duration_s": makespan,
         "ttft_s": percentiles(ttft),
         "tpot_s": percentiles(tpot),

@@ -250,7 +250,9 @@ class Simulator:
             replica.end_idle(self.now)
         if progress is not None:
             progress(self._done, total)
-        result = build_result(self)
+        result = build_result(
+            self.config, self.requests, self.now, self.replicas, self.links, self.tiers
+        )
         result.run = {"wall_s": time.perf_counter() - began, "events": handled}
         return result
 

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Mapping
 from importlib import metadata
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import ConfigError, MissingExtraError
 from kvtier.tiers.base import Tier, TierURL
@@ -129,6 +129,14 @@ def open_tier(url: str, namespace: bytes) -> Tier:
 
 #: Schemes whose URL path is a local directory the tier keeps its files in.
 DIRECTORY_SCHEMES = ("file", "slab")
+
+
+def replace_options(url: str, **changes: Any) -> str:
+    """``url`` with some options changed (e.g. ``size=16 << 30``), checked like a parsed URL;
+    the options class comes from the URL's scheme (:func:`options_class`)."""
+    from kvtier.tiers.url import with_options
+
+    return with_options(url, options_class(TierURL.parse(url).scheme), **changes)
 
 
 def check_tier_url(url: str) -> None:

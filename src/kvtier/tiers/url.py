@@ -6,8 +6,8 @@ each field made with :func:`opt` (its kind, default, help and bounds), and an op
 :class:`~kvtier.tiers.base.TierURL` into an instance (an unknown option, a missing required one
 or a bad value is a :class:`~kvtier.errors.ConfigError` one-liner), :func:`format_url` prints one
 back (only the options that differ from their defaults, in declaration order, so parsing the
-result gives the same instance), :func:`replace_options` changes options of a URL without
-editing its text, and :func:`describe` writes the usage line.
+result gives the same instance), :func:`with_options` changes options of a URL (given its
+options class) without editing its text, and :func:`describe` writes the usage line.
 
 Kinds: ``size`` (bytes: ``8GiB``, ``1MiB``, ``4096``), ``int``, ``seconds`` (a finite number,
 at least 0), ``switch`` (1/0, true/false, yes/no, on/off), ``tristate`` (a switch, or ``auto``
@@ -201,17 +201,15 @@ def format_url(scheme: str, location: str | None, options: UrlOptions) -> str:
     return f"{url}?{'&'.join(parts)}" if parts else url
 
 
-def replace_options(url: str, **changes: Any) -> str:
-    """``url`` with some options changed, checked like a parsed URL (e.g. ``size=16 << 30``).
+def with_options(url: str, cls: type[UrlOptions] | None, **changes: Any) -> str:
+    """``url`` with some options changed, checked like a parsed URL (e.g. ``size=16 << 30``);
+    ``cls`` is the options class of the URL's scheme (None: it declares none).
 
     A change is a typed value or text as in a URL (``size="16GiB"``; empty for the default).
-    The options class comes from the URL's scheme (:func:`kvtier.tiers.registry.options_class`).
+    :func:`kvtier.tiers.registry.replace_options` finds ``cls`` by the scheme.
     """
-    from kvtier.tiers.registry import options_class  # lazy: the registry is the caller's side
-
     parsed = TierURL.parse(url)
     scheme = parsed.scheme
-    cls = options_class(scheme)
     if cls is None:
         raise ConfigError(f"the {scheme}:// tier declares no typed options to replace")
     current = parse_options(cls, parsed)
@@ -451,6 +449,6 @@ __all__ = [
     "opt",
     "option_fields",
     "parse_options",
-    "replace_options",
     "size_text",
+    "with_options",
 ]

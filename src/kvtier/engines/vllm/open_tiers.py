@@ -18,8 +18,7 @@ from kvtier.cache.config import TierOptions
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.keys import Namespace
 from kvtier.tiers.base import TierURL
-from kvtier.tiers.registry import open_tier, options_class
-from kvtier.tiers.url import replace_options
+from kvtier.tiers.registry import open_tier, options_class, replace_options
 
 #: Where a directory tier is host memory (tmpfs) rather than a disk.
 HOST_MEMORY_DIRS = ("/dev/shm/",)

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from kvtier.cli.options import JsonOnStdout, Strict
+from kvtier.cli.values import int_list
 from kvtier.errors import ConfigError
 
 HELP = "Measured benchmarks: storage tiers against fio / memcpy, codecs, end-to-end TTFT."
@@ -22,10 +24,7 @@ HELP = "Measured benchmarks: storage tiers against fio / memcpy, codecs, end-to-
 
 def parse_depths(text: str) -> tuple[int, ...]:
     """``"1,4,16"`` → ``(1, 4, 16)``."""
-    try:
-        depths = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(f"cannot read depths {text!r}; write e.g. 1,4,16") from None
+    depths = int_list(text, f"cannot read depths {text!r}; write e.g. 1,4,16")
     if not depths or min(depths) < 1:
         raise ConfigError(f"depths must be positive integers, got {text!r}")
     return depths
@@ -105,16 +104,18 @@ def storage(
             "(what the tier's codec buys or costs)."
         ),
     ] = "auto",
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    json_out: JsonOnStdout = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG bar chart here.")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
+    strict: Strict = False,
 ) -> None:
     """Write then read KV-shaped blocks through each tier at several depths, next to fio/memcpy."""
+    options = dict(locals())
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvtier.bench.report import storage_json, storage_plot, storage_table
     from kvtier.bench.storage import StorageBench, StorageBenchConfig, default_tier_urls
+    from kvtier.cli.console import print_report, step_progress
+    from kvtier.cli.values import config_from
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file
     from kvtier.tiers.registry import check_tier_url
@@ -124,36 +125,20 @@ def storage(
     if plot is not None:
         writable_file(plot, "--plot")
     size = parse_size(data_size)
-    config = StorageBenchConfig(
+    config = config_from(
+        StorageBenchConfig,
+        options,
         tiers=tuple(tier or default_tier_urls(directory, size)),
-        model=model,
-        chunk_tokens=chunk_tokens,
         block_size=parse_size(block_size) if block_size else None,
         depths=parse_depths(depth),
         data_size=size,
-        batch=batch,
-        drive=drive,
         repeats=repeat,
-        slices=slices,
-        min_read_seconds=min_read_seconds,
-        fio=fio,
-        lookup=lookup,
-        lookup_chunks=lookup_chunks,
-        payload=payload,
-        reference=reference,
     )
     for url in config.tiers:  # before any tier is opened or data made
         check_tier_url(url)
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        auto_refresh=False,  # drawn between passes only: no thread takes the GIL mid-pass
-    ) as progress:
+    # drawn between passes only (no auto refresh): no thread takes the GIL mid-pass
+    with step_progress(err, auto_refresh=False) as progress:
         bench = StorageBench(config)
         task = progress.add_task("bench storage", total=bench.steps())
 
@@ -163,13 +148,9 @@ def storage(
 
         bench.on_step = step
         report = bench.run()
-    if json_out:
-        typer.echo(storage_json(report))
-    else:
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 140)
-        out.print(storage_table(report))
+    print_report(
+        json_out, lambda: storage_json(report), lambda out: out.print(storage_table(report)), 140
+    )
     if plot is not None:
         saved = storage_plot(report, plot)
         err.print(f"plot saved to {saved}")

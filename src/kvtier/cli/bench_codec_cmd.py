@@ -7,21 +7,17 @@ from typing import Annotated
 
 import typer
 
+from kvtier.cli.options import JsonOnStdout
+from kvtier.cli.values import int_list, name_list
 from kvtier.errors import ConfigError
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(f"cannot read {what} {text!r}; write e.g. 1,3") from None
-    if not values:
-        raise ConfigError(f"{what} is empty")
-    return values
+    return int_list(text, f"cannot read {what} {text!r}; write e.g. 1,3", f"{what} is empty")
 
 
 def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
-    names = tuple(x for x in text.replace(" ", "").split(",") if x)
+    names = name_list(text)
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise ConfigError(f"{what} {text!r}: use some of {', '.join(allowed)}")
@@ -42,7 +38,7 @@ def codec(
     real: Annotated[bool, typer.Option(help="Measure the real-KV corpus (the model's KV).")] = True,
     repeat: Annotated[int, typer.Option(help="Passes per speed; the best one counts.")] = 2,
     threads: Annotated[int | None, typer.Option(help="Threads for 'all cores' [cores].")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    json_out: JsonOnStdout = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG plot here.")] = None,
 ) -> None:
     """Ratio and speed of lossless codecs on real KV (256-token chunks) and synthetic data.
@@ -59,6 +55,7 @@ def codec(
 
     from kvtier.bench.codec import CodecBenchConfig, run_codec_bench
     from kvtier.bench.codec_report import codec_json, codec_plot, codec_table
+    from kvtier.cli.console import print_report
     from kvtier.engines.kv_corpus import KINDS
     from kvtier.tiers.paths import writable_file
 
@@ -96,13 +93,9 @@ def codec(
                 err.print(f"[{time.monotonic() - started:5.0f} s] {label}", highlight=False)
 
         report = run_codec_bench(config, on_step=step)
-    if json_out:
-        typer.echo(codec_json(report))
-    else:
-        out = Console()
-        if not out.is_terminal:
-            out.width = max(out.width, 130)
-        out.print(codec_table(report))
+    print_report(
+        json_out, lambda: codec_json(report), lambda out: out.print(codec_table(report)), 130
+    )
     if plot is not None:
         err.print(f"plot saved to {codec_plot(report, plot)}")
 

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from kvtier.errors import ConfigError
+from kvtier.cli.options import JsonOnStdout
+from kvtier.cli.values import int_list, name_list
 
 #: The quick run (the defaults) and the issue's full-size target run (``--target``).
 QUICK = {
@@ -40,20 +41,6 @@ TARGET = {
     "repeat": 3,
     "preload_check": True,
 }
-
-
-def _ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(f"{option}: cannot read {text!r}; write e.g. 1,4,8") from None
-    if not out:
-        raise ConfigError(f"{option} needs at least one value")
-    return out
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x for x in text.replace(" ", "").split(",") if x)
 
 
 def serve(
@@ -164,7 +151,7 @@ def serve(
         ),
     ] = None,
     keep: Annotated[bool, typer.Option(help="Leave the tiers' data in place.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    json_out: JsonOnStdout = False,
     plot: Annotated[
         Path | None, typer.Option(help="Save a PNG here (a folder gets bench-serve.png).")
     ] = None,
@@ -181,7 +168,7 @@ def serve(
         ServeBenchConfig,
     )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
-    from kvtier.cli.console import step_progress, table_console
+    from kvtier.cli.console import print_report, step_progress
     from kvtier.engines.vllm.compat import require_modules
     from kvtier.specs import parse_size
     from kvtier.tiers.paths import usable_directory, writable_file
@@ -202,9 +189,14 @@ def serve(
         "preload_check": preload_check,
     }
     v = {k: preset[k] if x is None else x for k, x in given.items()}
+    levels = str(v["concurrency"])
     config = ServeBenchConfig(
-        systems=_names(systems),
-        concurrency=_ints(str(v["concurrency"]), "--concurrency"),
+        systems=name_list(systems),
+        concurrency=int_list(
+            levels,
+            f"--concurrency: cannot read {levels!r}; write e.g. 1,4,8",
+            "--concurrency needs at least one value",
+        ),
         prefix=PrefixWorkload(
             v["prefix_len"],
             v["suffix_len"],
@@ -260,11 +252,9 @@ def serve(
 
         bench.on_step = step
         report = _run_stopping_on_sigterm(bench)
-    if json_out:
-        typer.echo(serve_json(report))
-    else:
-        out = table_console(180)
-        out.print(serve_table(report))
+    print_report(
+        json_out, lambda: serve_json(report), lambda out: out.print(serve_table(report)), 180
+    )
     if plot is not None:
         saved = serve_plot(report, plot)
         err.print(f"plot saved to {saved}")

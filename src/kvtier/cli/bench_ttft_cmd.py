@@ -11,27 +11,24 @@ from typing import Annotated
 
 import typer
 
-from kvtier.errors import ConfigError
+from kvtier.cli.options import JsonOnStdout, ModelDtype, Strict, TorchDevice
+from kvtier.cli.values import int_list
 
 
 def _lengths(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(f"--lengths: cannot read {text!r}; write e.g. 64,256,1024") from None
-    if not out:
-        raise ConfigError("--lengths needs at least one prefix length")
-    return out
+    return int_list(
+        text,
+        f"--lengths: cannot read {text!r}; write e.g. 64,256,1024",
+        "--lengths needs at least one prefix length",
+    )
 
 
 def ttft(
     model: Annotated[
         str, typer.Option("--model", "-m", help="embedded (SmolLM2-135M), .gguf, folder or hub id.")
     ] = "embedded",
-    dtype: Annotated[str, typer.Option(help="Model (and KV) dtype: bf16, fp16 or fp32.")] = "bf16",
-    device: Annotated[
-        str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
-    ] = None,
+    dtype: ModelDtype = "bf16",
+    device: TorchDevice = None,
     lengths: Annotated[
         str, typer.Option(help="Prefix lengths of the sweep, comma-separated (tokens).")
     ] = "64,128,256,512,1024,2048,4096,8192",
@@ -71,15 +68,17 @@ def ttft(
             "logits); the default runs one forward over the new tokens.",
         ),
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
-    strict: Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")] = False,
+    json_out: JsonOnStdout = False,
+    strict: Strict = False,
 ) -> None:
     """Sweep prefix lengths × tiers (recompute vs load vs the decision), reuse and miss TTFT."""
+    options = dict(locals())
     import json
 
     from rich.console import Console
 
-    from kvtier.cli.console import step_progress, table_console
+    from kvtier.cli.console import print_report, step_progress
+    from kvtier.cli.values import config_from
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvtier.bench.ttft import TTFTBench, TTFTBenchConfig, render
@@ -88,22 +87,7 @@ def ttft(
 
     usable_directory(directory, "--dir", keep=False)  # before the model loads
 
-    config = TTFTBenchConfig(
-        model=model,
-        dtype=dtype,
-        device=device,
-        lengths=_lengths(lengths),
-        chunk_tokens=chunk_tokens,
-        new_tokens=new_tokens,
-        directory=directory,
-        repeats=repeats,
-        miss_tokens=miss_tokens,
-        miss_pairs=miss_pairs,
-        profile_path=profile,
-        calibrate=calibrate,
-        guard=guard,
-        exact=exact,
-    )
+    config = config_from(TTFTBenchConfig, options, lengths=_lengths(lengths), profile_path=profile)
     for url, _ in config.tier_urls():
         check_tier_url(url)
     err = Console(stderr=True)
@@ -112,11 +96,9 @@ def ttft(
         task = progress.add_task("bench ttft", total=bench.steps())
         bench.on_step = lambda label: progress.update(task, advance=1, description=label)
         report = bench.run()
-    if json_out:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        out = table_console()
-        render(report, out)
+    print_report(
+        json_out, lambda: json.dumps(report.to_dict(), indent=2), lambda out: render(report, out)
+    )
     if strict and any(t.passed is False for t in report.targets()):
         raise typer.Exit(1)
 

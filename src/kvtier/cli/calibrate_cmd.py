@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from kvtier.errors import ConfigError
+from kvtier.cli.options import EmbeddedModel, ModelDtype
+from kvtier.cli.values import int_list
 
 DEFAULT_DIR = Path(".kvtier") / "calibrate"
 #: Break-even and prediction lengths shown in the summary.
@@ -32,13 +33,8 @@ def default_tier_urls(directory: Path, chunk_bytes: int, chunks: int) -> list[st
 
 
 def calibrate_command(
-    model: Annotated[
-        str,
-        typer.Option(
-            "--model", "-m", help="embedded (SmolLM2-135M), a .gguf file, a local folder or hub id."
-        ),
-    ] = "embedded",
-    dtype: Annotated[str, typer.Option(help="Model (and KV) dtype: bf16, fp16 or fp32.")] = "bf16",
+    model: EmbeddedModel = "embedded",
+    dtype: ModelDtype = "bf16",
     device: Annotated[
         str | None, typer.Option(help="Torch device [cuda when available, else cpu].")
     ] = None,
@@ -76,12 +72,9 @@ def calibrate_command(
     from kvtier.tiers.paths import usable_directory, writable_file
     from kvtier.tiers.registry import check_tier_url
 
-    try:
-        counts = tuple(int(x) for x in load_chunks.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ConfigError(
-            f"--load-chunks: cannot read {load_chunks!r}; write e.g. 1,2,4,8"
-        ) from None
+    counts = int_list(
+        load_chunks, f"--load-chunks: cannot read {load_chunks!r}; write e.g. 1,2,4,8"
+    )
     # every path and URL is checked before the model loads; the checks leave nothing behind
     writable_file(out or default_profile_path(), "--out", parents=True)
     for url in tier or ():

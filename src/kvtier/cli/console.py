@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,4 +31,18 @@ def table_console(width: int = 160) -> Console:
     return out
 
 
-__all__ = ["step_progress", "table_console"]
+def print_report(
+    json_out: bool,
+    as_json: Callable[[], str],
+    draw: Callable[[Console], object],
+    width: int = 160,
+) -> None:
+    """Print a command's report: ``as_json()`` alone on stdout with ``--json``, else what
+    ``draw`` puts on a :func:`table_console` at least ``width`` columns wide."""
+    if json_out:
+        typer.echo(as_json())
+    else:
+        draw(table_console(width))
+
+
+__all__ = ["print_report", "step_progress", "table_console"]

@@ -14,11 +14,9 @@ from typing import Annotated
 
 import typer
 
+from kvtier.cli import options as opt
+from kvtier.cli.options import DEFAULT_DRAM, DEFAULT_NVME, DEFAULT_NVME_TYPE
 from kvtier.errors import ConfigError
-
-DEFAULT_DRAM = "256GB"
-DEFAULT_NVME = "3.84TB"
-DEFAULT_NVME_TYPE = "nvme-gen4"
 
 _TOKENS = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 
@@ -45,10 +43,8 @@ def _size(text: str, what: str) -> float:
 
 
 def plan_command(
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Preset name or path of a HF config.json.")
-    ] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU preset or profile entry.")] = "h100",
+    model: opt.ModelPreset = "llama-3.1-8b",
+    gpu: opt.GpuPreset = "h100",
     gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs (tensor parallel size).")] = 1,
     context: Annotated[
         str, typer.Option("--context", "-c", help="Tokens per request: 131072, 128k, 1M.")
@@ -75,16 +71,12 @@ def plan_command(
         str, typer.Option("--dram", help="DRAM tier size for KV on the host (0: none).")
     ] = DEFAULT_DRAM,
     nvme: Annotated[str, typer.Option("--nvme", help="NVMe tier size (0: none).")] = DEFAULT_NVME,
-    nvme_type: Annotated[
-        str, typer.Option("--nvme-type", help="Storage preset of the NVMe tier.")
-    ] = DEFAULT_NVME_TYPE,
+    nvme_type: opt.NvmeType = DEFAULT_NVME_TYPE,
     shared: Annotated[
         str,
         typer.Option("--shared", help="Shared tier NAME[:SIZE], e.g. redis:1TB, net-100g."),
     ] = "none",
-    link: Annotated[
-        str | None, typer.Option("--link", help="Host link preset (default: the GPU's).")
-    ] = None,
+    link: opt.LinkPreset = None,
     codec_ratio: Annotated[
         float, typer.Option("--codec-ratio", help="Compression raw/stored on NVMe and shared.")
     ] = 1.0,
@@ -92,14 +84,10 @@ def plan_command(
         str | None,
         typer.Option("--codec-bandwidth", help="Decode rate per second, raw bytes (e.g. 8GB)."),
     ] = None,
-    kv_dtype: Annotated[
-        str | None, typer.Option("--kv-dtype", help="KV dtype: bf16, fp16, fp8.")
-    ] = None,
-    weight_dtype: Annotated[
-        str | None, typer.Option("--weight-dtype", help="Weight dtype: bf16, fp8, int4.")
-    ] = None,
-    mfu: Annotated[float, typer.Option("--mfu", help="Prefill FLOP utilisation.")] = 0.5,
-    mbu: Annotated[float, typer.Option("--mbu", help="Decode HBM bandwidth utilisation.")] = 0.8,
+    kv_dtype: opt.KvDtype = None,
+    weight_dtype: opt.WeightDtype = None,
+    mfu: opt.Mfu = 0.5,
+    mbu: opt.Mbu = 0.8,
     reserve: Annotated[
         str,
         typer.Option(
@@ -118,10 +106,8 @@ def plan_command(
             "--nvme-writes", help="spill: sessions living on NVMe write; through: every request."
         ),
     ] = "spill",
-    profile: Annotated[
-        Path | None, typer.Option("--profile", help="TOML/YAML file of user models/hardware.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
+    profile: opt.HardwareProfile = None,
+    as_json: opt.JsonToStdout = False,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write a PNG with three panels.")
     ] = None,

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from kvtier.cli.options import EmbeddedModel, JsonOnStdout, TorchDevice
+from kvtier.cli.values import config_from
 from kvtier.workloads.sessions import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -43,8 +45,14 @@ VLLM_ONLY = (
     "pool_blocks", "concurrency", "budget", "scale", "kvtier", "shm_dir", "workload", "disk_codec",
     "max_model_len",
 )  # fmt: skip
-#: Defaults that differ by engine (None on the command line: the engine's own).
-HF_DEFAULTS = {"chunk_tokens": 64, "dram_size": "8MiB", "disk_size": "4GiB", "max_new_tokens": 6}
+#: Defaults that differ by engine (None or empty on the command line: the engine's own).
+HF_DEFAULTS = {
+    "dtype": "bf16",
+    "chunk_tokens": 64,
+    "dram_size": "8MiB",
+    "disk_size": "4GiB",
+    "max_new_tokens": 6,
+}
 
 
 def run_command(
@@ -56,12 +64,7 @@ def run_command(
             "hf: the transformers job, kvtier vs recompute-only."
         ),
     ] = Engine.vllm,
-    model: Annotated[
-        str,
-        typer.Option(
-            "--model", "-m", help="embedded (SmolLM2-135M), a .gguf file, a local folder or hub id."
-        ),
-    ] = "embedded",
+    model: EmbeddedModel = "embedded",
     dtype: Annotated[
         str | None,
         typer.Option(
@@ -69,9 +72,7 @@ def run_command(
             "computes it natively, else fp32; a --disk-codec keeps bf16. vllm: auto, hf: bf16)."
         ),
     ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
-    ] = None,
+    device: TorchDevice = None,
     chunk_tokens: Annotated[
         int | None, typer.Option(help="Tokens per KV chunk (block) (vllm: 256, hf: 64).")
     ] = None,
@@ -221,7 +222,7 @@ def run_command(
     max_new_tokens: Annotated[
         int | None, typer.Option(help="Tokens generated per request (vllm: 16, hf: 6).")
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")] = False,
+    json_out: JsonOnStdout = False,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", "--out", help="Write PNG plots into this directory."),
@@ -229,6 +230,7 @@ def run_command(
 ) -> None:
     """Run chats, RAG, agentic sessions (vllm: and code bursts) through a real model, with kvtier
     and without."""
+    options = dict(locals())
     from kvtier.errors import ConfigError
 
     engine_name = Engine(engine).value
@@ -239,68 +241,21 @@ def run_command(
         raise ConfigError(f"{names}: not an option of --engine {engine_name}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if engine_name == "vllm":
-        config = VllmArgs(
-            chunk_tokens=chunk_tokens,
-            dram_size=dram_size,
-            disk_size=disk_size,
-            disk_dir=disk_dir,
-            pool_blocks=pool_blocks,
-            max_model_len=max_model_len,
-            concurrency=concurrency,
-            budget=budget,
-            scale=scale,
-            kvtier=kvtier,
-            shm_dir=shm_dir,
-            disk_codec=disk_codec,
-            workload=workload,
-            seed_given=_given(ctx, "seed"),
-            keep=keep,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
-            dtype=dtype or "auto",
-        ).config()
+        vllm_values = {"seed_given": _given(ctx, "seed"), "dtype": dtype or "auto"}
+        config = VllmArgs(**(options | vllm_values)).config()
         check_vllm_run(config, plot)  # before the server starts
         _run_vllm(config, json_out, plot)
         return
-    dtype = dtype or "bf16"
-    chunk_tokens = HF_DEFAULTS["chunk_tokens"] if chunk_tokens is None else chunk_tokens
-    dram_size = dram_size or HF_DEFAULTS["dram_size"]
-    disk_size = disk_size or HF_DEFAULTS["disk_size"]
-    max_new_tokens = HF_DEFAULTS["max_new_tokens"] if max_new_tokens is None else max_new_tokens
-
     from kvtier.job.hf_job import RunConfig, run_job, total_steps
 
-    spec = WorkloadSpec(
-        seed=seed,
-        system_tokens=system_tokens,
-        chat_sessions=chat_sessions,
-        chat_turns=chat_turns,
-        turn_tokens=turn_tokens,
-        docs=docs,
-        doc_tokens=doc_tokens,
-        rag_requests=rag_requests,
-        question_tokens=question_tokens,
-        agent_sessions=agent_sessions,
-        agent_steps=agent_steps,
-        tool_result_tokens=tool_tokens,
-        tool_pause_s=tool_pause,
-        max_new_tokens=max_new_tokens,
-    )
-    config = RunConfig(
-        model=model,
-        dtype=dtype,
-        device=device,
-        chunk_tokens=chunk_tokens,
-        dram_size=dram_size,
-        disk_dir=disk_dir,
-        disk_size=disk_size,
+    hf = options | {k: d for k, d in HF_DEFAULTS.items() if options[k] in (None, "")}
+    spec = config_from(WorkloadSpec, hf, tool_result_tokens=tool_tokens, tool_pause_s=tool_pause)
+    config = config_from(
+        RunConfig,
+        hf,
         extra_tiers=tuple(tier or ()),
         workload=spec,
         profile_path=profile,
-        calibrate=calibrate,
-        admission=admission,
-        refine=refine,
-        exact=exact,
         reuse_disk=reuse,
         keep_disk=keep,
     )

@@ -9,32 +9,31 @@ preset, an unwritable output) is refused before anything runs.
 from __future__ import annotations
 
 import json
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from kvtier.cli import options as opt
+from kvtier.cli.console import print_report
+from kvtier.cli.options import DEFAULT_DRAM, DEFAULT_NVME, DEFAULT_NVME_TYPE
+from kvtier.cli.values import config_from
 from kvtier.errors import ConfigError
-
-DEFAULT_DRAM = "256GB"
-DEFAULT_NVME = "3.84TB"
 
 
 def simulate_command(
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Preset name or path of a HF config.json.")
-    ] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU preset or profile entry.")] = "h100",
+    model: opt.ModelPreset = "llama-3.1-8b",
+    gpu: opt.GpuPreset = "h100",
     gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs per replica (TP).")] = 1,
     replicas: Annotated[int, typer.Option(help="Serving replicas (share the shared tier).")] = 1,
     dram: Annotated[str, typer.Option(help="DRAM tier size per replica (0: none).")] = DEFAULT_DRAM,
     nvme: Annotated[str, typer.Option(help="NVMe tier size per replica (0: none).")] = DEFAULT_NVME,
-    nvme_type: Annotated[str, typer.Option(help="Storage preset of the NVMe tier.")] = "nvme-gen4",
+    nvme_type: opt.NvmeType = DEFAULT_NVME_TYPE,
     shared: Annotated[
         str, typer.Option(help="Shared tier NAME[:SIZE] (e.g. redis:1TB), none by default.")
     ] = "none",
-    link: Annotated[str | None, typer.Option(help="Host link preset (default: the GPU's).")] = None,
+    link: opt.LinkPreset = None,
     network: Annotated[
         str, typer.Option(help="Network bandwidth the replicas share to the shared tier.")
     ] = "12.5GB",
@@ -44,14 +43,12 @@ def simulate_command(
     codec_bandwidth: Annotated[
         str | None, typer.Option(help="Decode rate per GPU, raw bytes/s (e.g. 8GB).")
     ] = None,
-    kv_dtype: Annotated[str | None, typer.Option(help="KV dtype: bf16, fp16, fp8.")] = None,
-    weight_dtype: Annotated[str | None, typer.Option(help="Weight dtype: bf16, fp8, int4.")] = None,
-    mfu: Annotated[float, typer.Option(help="Prefill FLOP utilisation.")] = 0.5,
-    mbu: Annotated[float, typer.Option(help="Decode HBM bandwidth utilisation.")] = 0.8,
+    kv_dtype: opt.KvDtype = None,
+    weight_dtype: opt.WeightDtype = None,
+    mfu: opt.Mfu = 0.5,
+    mbu: opt.Mbu = 0.8,
     reserve: Annotated[str, typer.Option(help="HBM kept from KV per GPU: 10%, 0.1, 8GiB.")] = "10%",
-    profile: Annotated[
-        Path | None, typer.Option(help="TOML/YAML file of user models/hardware.")
-    ] = None,
+    profile: opt.HardwareProfile = None,
     calibration: Annotated[
         Path | None,
         typer.Option(
@@ -158,7 +155,7 @@ def simulate_command(
             "TTFT, end to end and preemptions beside the measured ones."
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
+    as_json: opt.JsonToStdout = False,
     records: Annotated[
         bool, typer.Option(help="With --json: include every request's record.")
     ] = False,
@@ -183,20 +180,16 @@ def simulate_command(
 
         usable_directory(plot, "--plot", keep=True)
     spec = setup.parse_sweep(sweep) if sweep else None
+    sim_args = config_from(setup.SimArgs, args)
     if compare:
         if spec is not None:
             raise ConfigError("--compare and --sweep do not go together")
-        sim_args = setup.SimArgs(**{k: v for k, v in args.items() if k in setup.ARG_NAMES})
         found = setup.compare_with_run(sim_args)
-        if as_json:
-            sys.stdout.write(json.dumps(found, indent=2) + "\n")
-            return
-        from kvtier.cli.console import table_console
         from kvtier.sim.report import render_compare
 
-        render_compare(found, table_console())
+        print_report(as_json, lambda: json.dumps(found, indent=2), partial(render_compare, found))
         return
-    built = setup.build(setup.SimArgs(**{k: v for k, v in args.items() if k in setup.ARG_NAMES}))
+    built = setup.build(sim_args)
     if spec is None:
         result = _run(built, as_json)
         _report_one(built, result, as_json, records, csv_out, plot)
@@ -246,13 +239,13 @@ def _report_one(built, result, as_json: bool, records: bool, csv_out, plot) -> N
         from kvtier.sim.plot import write_run_plot
 
         write_run_plot(result, plot / "simulate.png")
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(records=records), indent=2) + "\n")
-        return
-    from kvtier.cli.console import table_console
     from kvtier.sim.report import render
 
-    render(result, table_console())
+    print_report(
+        as_json,
+        lambda: json.dumps(result.to_dict(records=records), indent=2),
+        partial(render, result),
+    )
 
 
 def _report_sweep(built, spec, rows, as_json: bool, plot) -> None:
@@ -260,14 +253,13 @@ def _report_sweep(built, spec, rows, as_json: bool, plot) -> None:
         from kvtier.sim.plot import write_sweep_plot
 
         write_sweep_plot(spec.name, rows, plot / f"sweep-{spec.name}.png")
-    if as_json:
-        out = {"config": built.describe(), "sweep": spec.name, "rows": rows}
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
-        return
-    from kvtier.cli.console import table_console
     from kvtier.sim.report import render_sweep
 
-    render_sweep(spec.name, rows, table_console())
+    def as_json_text() -> str:
+        out = {"config": built.describe(), "sweep": spec.name, "rows": rows}
+        return json.dumps(out, indent=2)
+
+    print_report(as_json, as_json_text, partial(render_sweep, spec.name, rows))
 
 
 def register(cli: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,6 @@ class SimArgs:
     slo_tpot: float = 0.1
     link_bandwidth: float | None = None
     context_scale: float = 1.0
-
-
-ARG_NAMES = frozenset(f.name for f in fields(SimArgs))
 
 
 @dataclass
@@ -489,7 +486,7 @@ def run_sweep(
     return rows
 
 
-__all__ = ["ARG_NAMES", "SWEEPABLE", "Built", "SimArgs", "SweepSpec", "build", "parse_sweep"]
+__all__ = ["SWEEPABLE", "Built", "SimArgs", "SweepSpec", "build", "parse_sweep"]
 
 
 def _measured_percentiles(requests: list, name: str) -> dict[str, float | None]:

@@ -164,20 +164,11 @@ def write_plot(result: Plan, req: PlanRequest, path: str | Path) -> Path:
 
     # 3. What the spill costs: GPU time waiting for KV, host link load, NVMe wear.
     conc = [r.concurrency for r in rows]
-    ax_wait.plot(
-        conc,
-        [100 * r.gpu_wait_fraction for r in rows],
-        "o-",
-        color="#c44e52",
-        label="GPU time waiting for KV",
-    )
-    ax_wait.plot(
-        conc,
-        [100 * r.link_utilization for r in rows],
-        "s-",
-        color="#4c72b0",
-        label="host link busy",
-    )
+    for percent, style, colour, label in (
+        ([100 * r.gpu_wait_fraction for r in rows], "o-", "#c44e52", "GPU time waiting for KV"),
+        ([100 * r.link_utilization for r in rows], "s-", "#4c72b0", "host link busy"),
+    ):
+        ax_wait.plot(conc, percent, style, color=colour, label=label)
     ax_wait.axvline(cap.overflow_concurrency, color="black", ls="--", lw=1)
     ax_wait.text(
         cap.overflow_concurrency, 1, " HBM overflows", rotation=90, va="bottom", fontsize=8

@@ -1,0 +1,77 @@
+"""Options that several commands take with the same flag and help: one definition each.
+
+Each alias is a typer ``Annotated`` type; a command gives it a parameter name and a default,
+e.g. ``json_out: JsonOnStdout = False``. typer copies the option for every command that uses
+it, so sharing one is safe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+#: Tier sizes ``kvtier plan`` and ``kvtier simulate`` assume per replica when none is given.
+DEFAULT_DRAM = "256GB"
+DEFAULT_NVME = "3.84TB"
+DEFAULT_NVME_TYPE = "nvme-gen4"
+
+# What a command prints.
+JsonOnStdout = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
+JsonToStdout = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
+JsonFigures = Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")]
+Strict = Annotated[bool, typer.Option(help="Exit 1 when any target is missed.")]
+
+# The model and hardware flags of ``kvtier plan`` and ``kvtier simulate``.
+ModelPreset = Annotated[
+    str, typer.Option("--model", "-m", help="Preset name or path of a HF config.json.")
+]
+GpuPreset = Annotated[str, typer.Option("--gpu", "-g", help="GPU preset or profile entry.")]
+LinkPreset = Annotated[
+    str | None, typer.Option("--link", help="Host link preset (default: the GPU's).")
+]
+KvDtype = Annotated[str | None, typer.Option("--kv-dtype", help="KV dtype: bf16, fp16, fp8.")]
+WeightDtype = Annotated[
+    str | None, typer.Option("--weight-dtype", help="Weight dtype: bf16, fp8, int4.")
+]
+Mfu = Annotated[float, typer.Option("--mfu", help="Prefill FLOP utilisation.")]
+Mbu = Annotated[float, typer.Option("--mbu", help="Decode HBM bandwidth utilisation.")]
+NvmeType = Annotated[str, typer.Option("--nvme-type", help="Storage preset of the NVMe tier.")]
+HardwareProfile = Annotated[
+    Path | None, typer.Option("--profile", help="TOML/YAML file of user models/hardware.")
+]
+
+# The real model the measuring commands load.
+EmbeddedModel = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help="embedded (SmolLM2-135M), a .gguf file, a local folder or hub id."
+    ),
+]
+ModelDtype = Annotated[str, typer.Option(help="Model (and KV) dtype: bf16, fp16 or fp32.")]
+TorchDevice = Annotated[
+    str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
+]
+
+__all__ = [
+    "DEFAULT_DRAM",
+    "DEFAULT_NVME",
+    "DEFAULT_NVME_TYPE",
+    "EmbeddedModel",
+    "GpuPreset",
+    "HardwareProfile",
+    "JsonFigures",
+    "JsonOnStdout",
+    "JsonToStdout",
+    "KvDtype",
+    "LinkPreset",
+    "Mbu",
+    "Mfu",
+    "ModelDtype",
+    "ModelPreset",
+    "NvmeType",
+    "Strict",
+    "TorchDevice",
+    "WeightDtype",
+]

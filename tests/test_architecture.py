@@ -6,11 +6,17 @@ library at module top level; its "Known exceptions" section lists the forbidden 
 still has. Every ``kvtier`` import under src/kvtier is read with :mod:`ast`: top-level ones,
 those inside functions and under ``if TYPE_CHECKING:`` (an annotation-only edge is still an
 edge of the design), ``importlib.import_module`` names and ``"kvtier.x.y:Name"`` entry strings.
+The same edges, module to module, must hold no circle (:mod:`graphlib` finds them).
+
+import-linter (grimp) reads the static imports too, but cannot tell a module-level import from
+one inside a function (the engine-library rule) nor read dynamic names and entry strings, so the
+checker reads the code with :mod:`ast` itself.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -121,8 +127,11 @@ def _module_name(root: Path, file: Path) -> str:
 
 
 def _exists(root: Path, dotted: str) -> bool:
+    """A module of the package: a .py file, a package, or a C extension built from its .c file."""
     rel = Path(*dotted.split(".")[1:]) if "." in dotted else Path()
-    return (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file()
+    if (root / rel / "__init__.py").is_file():
+        return True
+    return any((root / rel).with_suffix(ext).is_file() for ext in (".py", ".c"))
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -289,6 +298,28 @@ def _external_imports(tree: ast.AST) -> list[tuple[int, str, bool]]:
     return out
 
 
+def import_cycles(root: Path, imports: list[Import]) -> list[str]:
+    """Circles among the package's modules (every edge counts: lazy, typed or dynamic), each as
+    ``a -> b -> … -> a``; one per strongly connected group found."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        me = _module_name(root, root.parent / imp.path)
+        if imp.module != me and not me.startswith(imp.module + "."):  # a package's own parent
+            graph.setdefault(me, set()).add(imp.module)
+    cycles: list[str] = []
+    while True:
+        try:
+            graphlib.TopologicalSorter(graph).prepare()
+            return cycles
+        except graphlib.CycleError as exc:
+            circle = exc.args[1]  # each an import of the next one's, first == last
+            graph[circle[1]].discard(circle[0])  # to find the next one too
+            ring = list(reversed(circle[:-1]))  # in import order, from the first name
+            start = ring.index(min(ring))
+            ring = ring[start:] + ring[:start]
+            cycles.append(" -> ".join([*ring, ring[0]]))
+
+
 def doc_violations(rules: Rules, root: Path) -> list[str]:
     """The doc against itself and the tree: rooms exist, layering, names known."""
     bad: list[str] = []
@@ -343,6 +374,11 @@ def test_ledger_imports_only_policy_specs_errors(rules, imports):
         pytest.skip("no tiers/ledger* module yet: the tiers.ledger rule has nothing to check")
     bad, _ = narrow_violations(rules, PACKAGE, imports)
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_circles_between_modules(imports):
+    cycles = import_cycles(PACKAGE, imports)
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
 
 
 def test_core_imports_no_engine_library_on_import(rules):
@@ -445,3 +481,13 @@ def test_checker_reads_the_doc_strictly(tmp_path):
     assert doc_violations(rules, root) == ["sim exists under kvtier/ but is not in the table"]
     with pytest.raises(ValueError, match="cannot read"):
         parse_rules(SYNTHETIC_DOC.replace("every room above", "most rooms"))
+
+
+def test_checker_reports_import_circles_lazy_ones_too(tmp_path):
+    _, root = _synthetic(tmp_path)
+    # specs -> cache (inside a function) -> tiers.base -> specs
+    assert import_cycles(root, scan(root)) == [
+        "kvtier.cache -> kvtier.tiers.base -> kvtier.specs -> kvtier.cache"
+    ]
+    (root / "specs" / "__init__.py").write_text("import kvtier.errors\n")
+    assert import_cycles(root, scan(root)) == []

@@ -42,12 +42,12 @@ from kvtier.bench.serve_results import (
     ServeReport,
     SystemInfo,
     WarmUp,
-    read_records,
     summarize_records,
 )
 from kvtier.cli.main import app
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import engine_dtype
+from kvtier.engines.vllm.records import read_records
 from kvtier.errors import ConfigError
 from kvtier.testing.cli import run_cli
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvtier.bench.env import BenchEnvironment
 from kvtier.bench.stats import LatencyStats, PassResult
+from kvtier.bench.storage_config import RAW_TWIN, StorageBenchConfig
 from kvtier.specs import KiB
-
-if TYPE_CHECKING:
-    from kvtier.bench.storage import StorageBenchConfig
 
 TARGET_MIN_BLOCK = 256 * KiB
 LOOKUP_TARGET_S = 1e-3
@@ -40,9 +38,6 @@ CODEC_TARGETS = {
 #: The codec's target for a store and then a load of the same blocks, timed together, against
 #: the raw twin, by payload: on bytes it cannot shrink the round trip may cost it little.
 ROUND_TRIP_TARGETS = {"random": 0.95}
-#: The reference kinds a row may have: fio, a plain copy, a shared tier's stock client, or the
-#: same tier with ``codec=raw``.
-RAW_TWIN = "raw"
 
 
 def verdict_of(ratio: float | None, target: float | None) -> str | None:

@@ -39,9 +39,9 @@ from kvtier.bench.serve_results import (
     ServeReport,
     SystemInfo,
     WarmUp,
-    read_records,
     summarize_records,
 )
+from kvtier.engines.vllm.records import read_records
 from kvtier.harness.processes import cpu_used
 from kvtier.harness.vllm_server import BLOCK_TOKENS, ServerConfig, VllmServer, VllmServerError
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.bench.serve_config import PreloadWorkload, kvtier_transfer_config
-from kvtier.bench.serve_results import read_records
+from kvtier.engines.vllm.records import read_records
 from kvtier.harness.vllm_server import BLOCK_TOKENS, ServerConfig, VllmServer
 
 #: The two systems: preloading on (the connector's default) and off.

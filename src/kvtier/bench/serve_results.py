@@ -5,12 +5,9 @@ issue's thresholds.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import statistics
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtier.bench.serve_client import ClientResult
@@ -356,21 +353,6 @@ def _pair(a: float | None, b: float | None, name_a: str, name_b: str) -> str:
     return f"{name_a} {a:.0f} ms, {name_b} {b:.0f} ms"
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The connector's records so far (lines that are not JSON objects skipped)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            item = json.loads(line)
-            if isinstance(item, dict):
-                out.append(item)
-    return out
-
-
 def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the connector's records of one run say: requests by decision, tokens it held and
     loaded (by tier), vLLM's own hits, the mean wait for KV."""
@@ -411,6 +393,5 @@ __all__ = [
     "Target",
     "WarmUp",
     "iter_prefix_runs",
-    "read_records",
     "summarize_records",
 ]

@@ -106,13 +106,6 @@ class Probe:
         return json.loads(self.out_path.read_text())["steps"]
 
 
-def read_records(path: Path) -> list[dict]:
-    """The connector's per-request records."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _prompts(step: dict, folder: Path) -> list:
     """A prompt step's prompts as vLLM takes them: token ids (with a salt) or embeddings."""
     from vllm.inputs import EmbedsPrompt, TokensPrompt

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -32,6 +31,7 @@ import xxhash
 
 from kvtier.engines.embedded import embedded_model_folder
 from kvtier.engines.vllm.dtype import engine_dtype, short_name
+from kvtier.engines.vllm.records import read_records
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.harness.vllm_server import (
     BLOCK_TOKENS,
@@ -352,20 +352,8 @@ async def _drive(
 
 
 def read_connector_records(path: Path) -> list[dict[str, Any]]:
-    """The connector's JSON lines (unreadable or partial lines skipped)."""
-    out: list[dict[str, Any]] = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and "prompt_hash" in item:
-            out.append(item)
-    return out
+    """The connector's records that name their prompt (what requests are joined by)."""
+    return [r for r in read_records(path) if "prompt_hash" in r]
 
 
 def attach_connector_records(

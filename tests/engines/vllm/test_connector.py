@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.harness.vllm_probe import Probe, read_records
+from kvtier.engines.vllm.records import read_records
+from kvtier.harness.vllm_probe import Probe
 
 SHORT = 16
 LONG = 100

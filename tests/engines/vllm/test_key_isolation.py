@@ -19,7 +19,8 @@ import shutil
 
 import pytest
 
-from kvtier.harness.vllm_probe import Probe, read_records
+from kvtier.engines.vllm.records import read_records
+from kvtier.harness.vllm_probe import Probe
 
 pytestmark = pytest.mark.timeout(1200)
 

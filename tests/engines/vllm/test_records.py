@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from kvtier.engines.vllm.records import RecordWriter
+from kvtier.engines.vllm.records import RecordWriter, read_records
 
 
 def test_every_line_is_written_in_order_by_close(tmp_path):
@@ -41,3 +41,10 @@ def test_a_file_that_cannot_be_written_loses_records_not_the_engine():
     writer = RecordWriter("/dev/full")
     writer.write({"a": 1})
     writer.close()  # the write failed (ENOSPC) with a warning
+
+
+def test_read_records_skips_what_is_not_a_json_object_and_a_missing_file_is_none(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"a": 1}\nnot json\n[1, 2]\n{"b": 2}\n{"c": ')  # the last being written
+    assert read_records(path) == [{"a": 1}, {"b": 2}]
+    assert read_records(tmp_path / "none.jsonl") == []

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.harness.vllm_probe import Probe, read_records
+from kvtier.engines.vllm.records import read_records
+from kvtier.harness.vllm_probe import Probe
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -8,11 +8,13 @@ the order they were handed over; closing (or the interpreter exiting) writes wha
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import queue
 import threading
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,22 @@ def prompt_hash(token_ids: Iterable[int]) -> str:
     """xxh3-64 (hex) of token ids as little-endian uint32: how a record names its prompt, and
     how clients join their requests to the connector's records."""
     return xxhash.xxh3_64_hexdigest(np.asarray(list(token_ids), dtype="<u4").tobytes())
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records written to ``path`` so far: one dict per line (a missing file is none; a
+    line that is not a JSON object, such as one being written, is skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                out.append(item)
+    return out
 
 
 class RecordWriter:

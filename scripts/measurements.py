@@ -1,47 +1,184 @@
 #!/usr/bin/env python3
-"""Render ``kvtier bench storage --json`` outputs into Markdown under ``docs/benchmarks/``.
+"""Render the ``--json`` reports in ``docs/benchmarks/data/`` into the pages beside them.
 
-    scripts/measurements.py storage RUN.json [RUN.json …] --out docs/benchmarks/storage.md
-    scripts/measurements.py ab --before B.json … --after A.json … --out docs/benchmarks/x.md
-    scripts/measurements.py codec RUN.json [RUN.json …] --out docs/benchmarks/codec-tiers.md
+    scripts/measurements.py storage REPORT.json [REPORT.json …] --out docs/benchmarks/storage.md
+    scripts/measurements.py codec REPORT.json [REPORT.json …] --out docs/benchmarks/codec-tiers.md
+    scripts/measurements.py run REPORT.json [REPORT.json …] --out docs/benchmarks/run.md
+    scripts/measurements.py serve REPORT.json [REPORT.json …] --out docs/benchmarks/serve.md
+    scripts/measurements.py ab --before B.json … --after A.json … --out A-B.md
 
-``storage`` tabulates kvtier ÷ reference per block size, tier, operation and depth: the median
-over the runs given and their range, with the target and the verdict of the median. ``ab``
-compares two versions of the code measured in the same session (runs alternating): per cell the
-median and range of each, and whether the new median is at least 0.95 × the old one or inside
-the old range, and whether a target the old code met is still met. ``codec`` pairs the tiers of
-one run whose URLs differ only in ``codec=`` and tabulates coded ÷ raw (GB/s of raw bytes) per
-payload, tier, operation and depth. Figures come only from the JSON; the machine (CPU,
-filesystem, fio) is taken from the runs' ``environment``.
+``storage`` tabulates `kvtier bench storage` reports: kvtier ÷ reference per block size, tier,
+operation and depth, the median over the runs given and their range, with the target and the
+verdict of the median. ``codec`` takes `kvtier bench storage` reports of coded tiers (two tiers of
+one run whose URLs differ only in ``codec=``, or a tier against its raw twin, ``--reference
+raw``), `kvtier bench codec` reports and `kvtier run --disk-codec` reports. ``run`` takes `kvtier
+run --json` reports, ``serve`` `kvtier bench serve --json` reports and those of
+``scripts/connector_overhead.py`` and ``scripts/dram_prefix_ttft.py``. ``ab`` compares two
+versions of the code measured in one session (runs alternating): per cell the median and range
+of each, whether the new median is at least 0.95 × the old one or inside the old range, and
+whether a target the old code met is still met.
+
+Figures come only from the reports. Every page ends with where they come from: per report the
+day it was measured (UTC), the CPU and the command. A report that does not record these itself
+(`kvtier bench storage --json` records the CPU but not the day or the command) takes them from
+``measured.toml`` in its folder::
+
+    [[runs]]
+    files = ["kv-r*.json"]          # names or patterns of reports in this folder
+    measured = "2026-12-02"         # the day they were measured (UTC)
+    command = "kvtier bench storage --payload kv … --json"
+    cpu = "…"                       # optional: where a report does not name its CPU
+    note = "…"                      # optional: what else a reader needs (servers, versions)
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import os
 import statistics
 import sys
+import tomllib
 from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 Cell = tuple[int, str, str, int]  # block bytes, tier scheme, op, depth
 
 
-def load(paths: list[str]) -> list[dict]:
-    """The reports in ``paths`` (one ``--json`` document each)."""
-    docs = []
-    for path in paths:
+@dataclass(frozen=True)
+class Report:
+    """One report and what is known of how it was made."""
+
+    path: Path
+    doc: dict
+    kind: str  # storage, codec, run, serve, overhead, prefix-ttft
+    measured: str | None
+    command: str | None
+    cpu: str | None
+    note: str | None
+
+
+def kind_of(doc: dict) -> str | None:
+    """Which report ``doc`` is."""
+    schema = str(doc.get("schema") or "")
+    if doc.get("benchmark") == "storage":
+        return "storage"
+    if schema.startswith("kvtier.run"):
+        return "run"
+    if schema.startswith("kvtier.bench.serve"):
+        return "serve"
+    if {"results", "against", "cores"} <= doc.keys():
+        return "codec"
+    if {"systems", "rounds", "throughput_vs_engine_cpu_r"} <= doc.keys():
+        return "overhead"
+    if {"prefix_tokens", "ratio_median"} <= doc.keys():
+        return "prefix-ttft"
+    return None
+
+
+@cache
+def sidecar(folder: Path) -> tuple[dict, ...]:
+    """The ``[[runs]]`` of ``folder/measured.toml`` (none if there is no such file)."""
+    path = folder / "measured.toml"
+    if not path.exists():
+        return ()
+    try:
+        return tuple(tomllib.loads(path.read_text()).get("runs", []))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        sys.exit(f"measurements: cannot read {path}: {exc}")
+
+
+def report_cpu(doc: dict, kind: str) -> str | None:
+    """``2 × <CPU>`` as the report records it."""
+    if kind == "storage" or kind == "serve":
+        env = doc.get("environment", {})
+        count, cpu = env.get("cpus"), env.get("cpu")
+    elif kind == "run":
+        count, cpu = doc.get("machine", {}).get("cpus"), doc.get("machine", {}).get("cpu")
+    elif kind == "codec":
+        count, cpu = doc.get("cores"), doc.get("cpu")
+    else:
+        count, cpu = None, doc.get("cpu")
+    if not cpu:
+        return None
+    return f"{count} × {cpu}" if count else str(cpu)
+
+
+def load(paths: list[str], kinds: set[str]) -> list[Report]:
+    """The reports in ``paths`` (one ``--json`` document each), which must be of ``kinds``."""
+    reports = []
+    for name in paths:
+        path = Path(name)
         try:
-            doc = json.loads(Path(path).read_text())
+            doc = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             sys.exit(f"measurements: cannot read {path}: {exc}")
-        if doc.get("benchmark") != "storage":
-            sys.exit(f"measurements: {path} is not a `kvtier bench storage --json` report")
-        docs.append(doc)
-    return docs
+        kind = kind_of(doc)
+        if kind not in kinds:
+            sys.exit(f"measurements: {path} is a {kind or 'unknown'} report, not {'/'.join(kinds)}")
+        entry = next(
+            (
+                run
+                for run in sidecar(path.resolve().parent)
+                if any(fnmatch.fnmatch(path.name, p) for p in run.get("files", []))
+            ),
+            {},
+        )
+        measured = doc.get("date") or doc.get("measured") or entry.get("measured")
+        reports.append(
+            Report(
+                path=path,
+                doc=doc,
+                kind=kind,
+                measured=str(measured) if measured else None,
+                command=doc.get("command") or entry.get("command"),
+                cpu=report_cpu(doc, kind) or entry.get("cpu"),
+                note=entry.get("note"),
+            )
+        )
+    return reports
 
 
-def cells(docs: list[dict], field: str = "ratio") -> tuple[dict[Cell, list[float]], dict]:
+def provenance(reports: list[Report], base: Path) -> list[str]:
+    """The page's last section: per group of reports, the day, the CPU, the command, the files."""
+    groups: dict[tuple, list[Report]] = defaultdict(list)
+    for r in reports:
+        groups[(r.measured or "", r.cpu or "", r.command or "", r.note or "")].append(r)
+    out = [
+        "## Measured",
+        "",
+        "Per set of reports: the day it was measured (UTC), the CPU, the command and the reports",
+        "this page is rendered from.",
+        "",
+    ]
+    for (day, cpu, command, note), group in sorted(
+        groups.items(), key=lambda g: (g[0][0], str(g[1][0].path))
+    ):
+        files = ", ".join(f"`{shown(r.path, base)}`" for r in group)
+        line = f"- {day or 'day not recorded'}, {cpu or 'CPU not recorded'}: "
+        line += f"`{command}`" if command else "command not recorded"
+        line += f" ({note})" if note else ""
+        out.append(f"{line}; {files}.")
+    return out
+
+
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+def shown(path: Path, base: Path) -> str:
+    """``path`` as a page names it: relative to ``docs/benchmarks/`` (where the pages are) when it
+    lies under it, so a page renders the same wherever ``--out`` puts it; else relative to
+    ``base``."""
+    try:
+        return path.resolve().relative_to(PAGES).as_posix()
+    except ValueError:
+        return os.path.relpath(path, base)
+
+
+def storage_cells(docs: list[dict], field: str = "ratio") -> tuple[dict[Cell, list[float]], dict]:
     """Per cell over the runs: the ratios (``field="ratio"``), kvtier's GB/s (``"gbps"``) or the
     reference's (``"ref"``); and each cell's target."""
     values: dict[Cell, list[float]] = defaultdict(list)
@@ -66,16 +203,23 @@ def size_text(n: int) -> str:
     return f"{n / 1024:.0f} KiB"
 
 
-def span(values: list[float]) -> str:
-    """``median (min–max)`` of a cell's ratios."""
+def span(values: list[float], digits: int = 2) -> str:
+    """``median (min–max)`` of a cell's values."""
     med = statistics.median(values)
-    if len(values) == 1:
-        return f"{med:.2f}"
-    return f"{med:.2f} ({min(values):.2f}–{max(values):.2f})"
+    if len(values) == 1 or min(values) == max(values):
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def verdict(values: list[float], target: float | None) -> str:
+    """The target and whether the median meets it."""
+    if target is None:
+        return ""
+    return f"{target} {'PASS' if statistics.median(values) >= target else 'MISS'}"
 
 
 def machine(docs: list[dict]) -> str:
-    """One line naming the machine the runs were measured on."""
+    """One line naming the machine the storage runs were measured on."""
     env = docs[0].get("environment", {})
     cpu = env.get("cpu") or "CPU not recorded"
     fs = env.get("filesystem")
@@ -83,17 +227,22 @@ def machine(docs: list[dict]) -> str:
     return f"{env.get('cpus', '?')} × {cpu}{disk}; fio {env.get('fio') or 'none'}"
 
 
-def render_storage(docs: list[dict]) -> str:
-    """The Markdown of ``storage``."""
-    ratios, targets = cells(docs)
+def render_storage(reports: list[Report]) -> list[str]:
+    """The page of ``storage``."""
+    docs = [r.doc for r in reports]
+    ratios, targets = storage_cells(docs)
+    shared = any(c[1] in ("redis", "s3") for c in ratios)
     out = [
         "# Storage: kvtier ÷ reference",
         "",
         f"From {len(docs)} `kvtier bench storage --json` reports; machine: {machine(docs)}.",
-        "Each cell: median kvtier ÷ reference over the runs (their range); the reference is fio",
-        "with the tier's engine and layout for disk tiers, a plain copy for memory, the raw",
-        "client for shared tiers (redis-py as it comes, obstore). Target and verdict of the",
-        "median where a target applies (blocks ≥ 256 KiB).",
+        "Each cell: median kvtier ÷ reference over the runs (their range); the reference is "
+        + (
+            "the raw client (redis-py as it comes, obstore)"
+            if shared
+            else "fio with the tier's engine and layout for disk tiers, a plain copy for memory"
+        )
+        + ". Target and verdict of the median where a target applies (blocks ≥ 256 KiB).",
         "",
     ]
     for block in sorted({c[0] for c in ratios}):
@@ -101,23 +250,21 @@ def render_storage(docs: list[dict]) -> str:
         out.append("| --- | --- | --- | --- | --- |")
         for cell in sorted(c for c in ratios if c[0] == block):
             _, scheme, op, depth = cell
-            target = targets.get(cell)
-            med = statistics.median(ratios[cell])
-            verdict = "" if target is None else f"{target} {'PASS' if med >= target else 'MISS'}"
-            out.append(f"| {scheme}:// | {op} | {depth} | {span(ratios[cell])} | {verdict} |")
+            mark = verdict(ratios[cell], targets.get(cell))
+            out.append(f"| {scheme}:// | {op} | {depth} | {span(ratios[cell])} | {mark} |")
         out.append("")
-    return "\n".join(out)
+    return out
 
 
-def render_ab(before: list[dict], after: list[dict]) -> str:
-    """The Markdown of ``ab``."""
-    old, targets = cells(before)
-    new, _ = cells(after)
+def render_ab(before: list[Report], after: list[Report]) -> list[str]:
+    """The page of ``ab``."""
+    old, targets = storage_cells([r.doc for r in before])
+    new, _ = storage_cells([r.doc for r in after])
     out = [
         "# Storage A/B: the code before and after, in one session",
         "",
         f"{len(before)} reports before, {len(after)} after, alternating; machine: "
-        f"{machine(after)}.",
+        f"{machine([r.doc for r in after])}.",
         "A cell holds when the new median is ≥ 0.95 × the old median or inside the old range;",
         "a target the old median met must still be met by the new one.",
         "",
@@ -128,8 +275,8 @@ def render_ab(before: list[dict], after: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     rate = {
-        code: (cells(docs, "gbps")[0], cells(docs, "ref")[0])
-        for code, docs in (("before", before), ("after", after))
+        code: (storage_cells(docs, "gbps")[0], storage_cells(docs, "ref")[0])
+        for code, docs in (("before", [r.doc for r in before]), ("after", [r.doc for r in after]))
     }
     failed = 0
     for cell in sorted(set(old) & set(new)):
@@ -147,8 +294,8 @@ def render_ab(before: list[dict], after: list[dict]) -> str:
             f"{span(new[cell])} | {n / o:.2f} | {'yes' if holds else '**no**'} | {mark} | "
             f"{kv[0]:.2f} → {kv[1]:.2f} | {ref[0]:.2f} → {ref[1]:.2f} |"
         )
-    out += ["", f"Cells that do not hold: {failed}."]
-    return "\n".join(out)
+    out += ["", f"Cells that do not hold: {failed}.", ""]
+    return out
 
 
 Cells = dict[tuple[str, str, str, int], list[float]]
@@ -166,6 +313,8 @@ def codec_pairs(docs: list[dict]) -> tuple[Cells, Cells]:
         payload = doc.get("config", {}).get("payload", "random")
         rates: dict[tuple[str, str, int], dict[str, tuple[float, float | None]]] = defaultdict(dict)
         for r in doc["results"]:
+            if (r.get("reference") or {}).get("kind") == "raw":
+                continue  # a raw twin's row: see codec_twins
             scheme, _, rest = r["url"].partition("://")
             query = rest.partition("?")[2].split("&")
             codec = next((q[6:] for q in query if q.startswith("codec=")), None)
@@ -182,54 +331,327 @@ def codec_pairs(docs: list[dict]) -> tuple[Cells, Cells]:
     return plain, fair
 
 
-def render_codec(docs: list[dict]) -> str:
-    """The Markdown of ``codec``."""
-    plain, fair = codec_pairs(docs)
+def codec_twins(docs: list[dict]) -> tuple[Cells, Cells, Cells, dict]:
+    """Per (payload, tier scheme, op, depth), over the runs of ``--reference raw``: coded ÷ raw
+    twin, the coded tier's GB/s and the twin's; ``op`` is also ``store+load`` (a write and a
+    read of the same blocks timed together); and each cell's target."""
+    ratio: Cells = defaultdict(list)
+    coded: Cells = defaultdict(list)
+    raw: Cells = defaultdict(list)
+    targets: dict = {}
+    for doc in docs:
+        payload = doc.get("config", {}).get("payload", "random")
+        rows = [
+            (
+                r["url"].split("://", 1)[0],
+                r["op"],
+                r["depth"],
+                r["ratio"],
+                r["gbps"],
+                r["reference"]["gbps"],
+                r.get("target"),
+            )
+            for r in doc["results"]
+            if (r.get("reference") or {}).get("kind") == "raw" and r.get("ratio") is not None
+        ]
+        rows += [
+            (
+                t["tier"],
+                "store+load",
+                t["depth"],
+                t["ratio"],
+                t["gbps"],
+                t["reference_gbps"],
+                t.get("target"),
+            )
+            for t in doc.get("round_trips") or []
+            if t.get("ratio") is not None
+        ]
+        for scheme, op, depth, r, mine, theirs, target in rows:
+            cell = (payload, scheme, op, depth)
+            ratio[cell].append(r)
+            coded[cell].append(mine)
+            raw[cell].append(theirs)
+            targets[cell] = target
+    return ratio, coded, raw, targets
+
+
+OP_ORDER = {"write": 0, "read": 1, "store+load": 2}
+CORPORA = ["real-bf16", "real-fp16", "synthetic-bf16", "uniform-fp16", "random-bytes"]
+METHODS = ["zstd-1", "zstd-3", "byteplane+zstd-1", "zipnn", "kvtier-kv"]
+
+
+def render_codec_bench(docs: list[dict]) -> list[str]:
+    """`kvtier bench codec` reports: ratio per corpus and method, then speeds on real KV."""
+    ratio: Cells = defaultdict(list)
+    speed: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for doc in docs:
+        for r in doc["results"]:
+            ratio[(r["corpus"], r["method"])].append(r["ratio"])
+            for f in ("encode_gbps_core", "decode_gbps_core", "encode_gbps_all", "decode_gbps_all"):
+                speed[(r["corpus"], r["method"], f)].append(r[f])
+    corpora = [c for c in CORPORA if any(k[0] == c for k in ratio)]
+    methods = [m for m in METHODS if any(k[1] == m for k in ratio)]
+    runs = f"{len(docs)} run{'s' if len(docs) > 1 else ''}"
     out = [
-        "# Coded tiers: `codec=kv` ÷ `codec=raw`",
+        "## `kvtier bench codec`",
         "",
-        f"From {len(docs)} `kvtier bench storage --json` reports; machine: {machine(docs)}.",
-        "Each cell: raw bytes delivered per second by a tier with `codec=kv` over the same tier",
-        "with `codec=raw`, measured in the same run on the same blocks; median over the runs",
-        "(their range). `random`: random bytes in the KV layout (the codec must cost nothing);",
-        "`kv`: real KV chunks of the embedded model (what the codec buys). The last column: each",
-        "tier's rate first divided by its own reference, run in turns with that tier's passes",
-        "(fio's reads and writes of raw blocks for a disk tier, where the run had fio; a memory",
-        "copy for `memory://`), so the machine's drift between the two tiers' turns cancels.",
+        f"Every method on the same 256-token chunks ({runs}; median, with the range where the runs",
+        "differ). Ratio: raw ÷ stored bytes per corpus.",
         "",
-        "| payload | tier | op | depth | kv ÷ raw | kv ÷ raw, each over its reference |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| corpus | " + " | ".join(methods) + " |",
+        "| --- |" + " ---: |" * len(methods),
     ]
-    for cell in sorted(plain):
-        payload, scheme, op, depth = cell
-        over = span(fair[cell]) if fair.get(cell) else "—"
-        out.append(f"| {payload} | {scheme}:// | {op} | {depth} | {span(plain[cell])} | {over} |")
-    return "\n".join(out)
+    for c in corpora:
+        out.append(f"| {c} | " + " | ".join(span(ratio[(c, m)], 3) for m in methods) + " |")
+    out += [
+        "",
+        "GB/s of raw bytes, on one core and on all cores:",
+        "",
+        "| corpus | method | encode, one core | decode, one core | encode, all cores "
+        "| decode, all cores |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for c in [c for c in corpora if c.startswith("real")]:
+        for m in methods:
+            cols = ("encode_gbps_core", "decode_gbps_core", "encode_gbps_all", "decode_gbps_all")
+            out.append(f"| {c} | {m} | " + " | ".join(span(speed[(c, m, f)]) for f in cols) + " |")
+    return [*out, ""]
+
+
+def render_codec(reports: list[Report]) -> list[str]:
+    """The page of ``codec``: coded tiers, the codec bench, `kvtier run --disk-codec`."""
+    storage = [r.doc for r in reports if r.kind == "storage"]
+    cpus = sorted({r.cpu or "CPU not recorded" for r in reports})
+    out = [
+        "# Coded tiers: `codec=kv` against `codec=raw`",
+        "",
+        f"From {len(reports)} reports; CPU: {'; '.join(cpus)}."
+        + (f" {machine(storage).split('; ', 1)[1].capitalize()}." if storage else ""),
+        "",
+    ]
+    plain, fair = codec_pairs(storage)
+    if plain:
+        out += [
+            "## Two tiers in one run",
+            "",
+            "Each cell: raw bytes delivered per second by a tier with `codec=kv` over the same",
+            "tier with `codec=raw`, measured one after the other in the same run on the same",
+            "blocks; median over the runs (their range). `random`: random bytes in the KV",
+            "layout (the codec must cost nothing); `kv`: real KV chunks of the embedded model",
+            "(what the codec buys). The last column: each tier's rate first divided by its own",
+            "reference, run in turns with that tier's passes (fio's reads and writes of raw",
+            "blocks for a disk tier, where the run had fio; a memory copy for `memory://`), so the",
+            "machine's drift between the two tiers' turns cancels.",
+            "",
+            "| payload | tier | op | depth | kv ÷ raw | kv ÷ raw, each over its reference |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for cell in sorted(plain):
+            payload, scheme, op, depth = cell
+            over = span(fair[cell]) if fair.get(cell) else "—"
+            out.append(
+                f"| {payload} | {scheme}:// | {op} | {depth} | {span(plain[cell])} | {over} |"
+            )
+        out.append("")
+    ratio, coded, raw, targets = codec_twins(storage)
+    if ratio:
+        out += [
+            "## Against the raw twin (`--reference raw`)",
+            "",
+            "Each cell: a tier with `codec=kv` over its raw twin (the same tier at `codec=raw`, a",
+            "namespace of its own, the two taking turns slice by slice on the same blocks), in raw",
+            "bytes delivered per second; `store+load`: a write and a read of the same blocks timed",
+            "together. Median over the runs (their range); GB/s of raw bytes, medians. `random`:",
+            "random bytes, which the codec stores raw (the target: within 5 % of the twin); `kv`:",
+            "real KV chunks of the embedded model (the target: reads ≥ 1.25× the twin's).",
+            "",
+            "| payload | tier | op | depth | coded ÷ raw twin | target | coded GB/s "
+            "| raw twin GB/s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for cell in sorted(ratio, key=lambda c: (c[0], c[1], OP_ORDER.get(c[2], 9), c[3])):
+            payload, scheme, op, depth = cell
+            out.append(
+                f"| {payload} | {scheme}:// | {op} | {depth} | {span(ratio[cell])} | "
+                f"{verdict(ratio[cell], targets.get(cell))} | "
+                f"{statistics.median(coded[cell]):.2f} | {statistics.median(raw[cell]):.2f} |"
+            )
+        out.append("")
+    bench = [r.doc for r in reports if r.kind == "codec"]
+    if bench:
+        out += render_codec_bench(bench)
+    for r in reports:
+        if r.kind == "run":
+            out += render_one_run(r)
+    return out
+
+
+def tokens(n: float | None) -> str:
+    return "—" if n is None else f"{n:,.0f}"
+
+
+def per_tier(counts: dict | None) -> str:
+    return ", ".join(f"{k} {v:,.0f}" for k, v in (counts or {}).items() if v) or "—"
+
+
+def render_one_run(r: Report) -> list[str]:
+    """One `kvtier run --json` report: its phases side by side."""
+    doc = r.doc
+    summary = doc["summary"]
+    systems = summary["systems"]
+    first = next(iter(systems.values()))
+    cfg = doc.get("config", {})
+    out = [
+        f"## `kvtier run`: {first['requests']} requests, {first['prompt_tokens']:,} prompt tokens"
+        + (
+            f", `--disk-codec {cfg['disk_codec']}`" if cfg.get("disk_codec", "raw") != "raw" else ""
+        ),
+        "",
+        f"`{os.path.basename(r.path)}`; CPU: {r.cpu or 'not recorded'}; concurrency "
+        f"{cfg.get('concurrency', '?')}, {doc.get('wall_s', 0):.0f} s in all. Per phase: TTFT,"
+        " the prompt tokens the engine computed, the tokens each store served, those that"
+        " failed to load (computed instead) and what kvtier's tiers held at the end.",
+        "",
+        "| phase | TTFT p50 | TTFT p95 | computed | hit fraction | hits per store | failed to load "
+        "| held at the end |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
+    for name, s in systems.items():
+        out.append(
+            f"| {name} | {s['ttft_p50_s']:.2f} s | {s['ttft_p95_s']:.2f} s | "
+            f"{tokens(s.get('computed_tokens'))} | {s.get('hit_fraction', 0):.2f} | "
+            f"{per_tier(s.get('hit_tokens'))} | {tokens(s.get('unloaded_tokens'))} | "
+            f"{per_tier(s.get('held_tokens'))} |"
+        )
+    codec = summary.get("codec")
+    if codec:
+        held = codec["disk_tokens_held"]
+        out += [
+            "",
+            f"The same disk tier held {held['kv']:,} tokens coded against {held['raw']:,} raw "
+            f"(**{codec['disk_tokens_held_ratio']:.2f}×**).",
+        ]
+    compare = summary.get("compare")
+    if compare and compare.get("answers"):
+        a = compare["answers"]
+        out += ["", f"Greedy answers the same as vLLM alone's on {a['same']} of {a['compared']}."]
+    return [*out, ""]
+
+
+def render_run(reports: list[Report]) -> list[str]:
+    """The page of ``run``."""
+    out = ["# The main job: `kvtier run`", ""]
+    for r in reports:
+        out += render_one_run(r)
+    return out
+
+
+def serve_title(doc: dict) -> str:
+    """What a `kvtier bench serve` report measured, in a few words."""
+    cfg = doc.get("config", {})
+    systems = cfg.get("systems") or sorted({run["system"] for run in doc.get("runs", [])})
+    workload = (
+        "multi-turn sessions" if (cfg.get("prefix") or {}).get("sessions") else "prefix_repetition"
+    )
+    conc = ", ".join(str(c) for c in cfg.get("concurrency", []))
+    title = f"{workload}, {', '.join(systems)}, concurrency {conc}"
+    if cfg.get("random"):
+        title += f"; no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
+    return title
+
+
+def render_serve(reports: list[Report]) -> list[str]:
+    """The page of ``serve``."""
+    out = [
+        "# Serving: `kvtier bench serve` and the connector's checks",
+        "",
+        "Each section: one report, its targets as the report judged them.",
+        "",
+    ]
+    for r in reports:
+        name = f"`{os.path.basename(r.path)}`"
+        if r.kind == "serve":
+            out += [f"## {serve_title(r.doc)}", "", f"{name}; CPU: {r.cpu or 'not recorded'}.", ""]
+            out += [
+                "| target | measured | required | verdict | detail |",
+                "| --- | ---: | --- | --- | --- |",
+            ]
+            for t in r.doc.get("targets", []):
+                out.append(
+                    f"| {t['name']} | {t['measured']:.3g} | {t['required']} | **{t['verdict']}** | "
+                    f"{t.get('detail', '')} |"
+                )
+        elif r.kind == "overhead":
+            doc = r.doc
+            out += [
+                "## The connector's cost on random prompts (no reuse)",
+                "",
+                f"{name}; CPU: {r.cpu or 'not recorded'}. {doc.get('prompts', '?')} prompts of "
+                f"{doc.get('input_tokens', '?')} tokens a round, servers taking turns; throughput "
+                "over vLLM alone's, paired round by round (median).",
+                "",
+                "| server | rounds | median tokens/s | ÷ vLLM alone, paired | engine core CPU s |",
+                "| --- | ---: | ---: | ---: | ---: |",
+            ]
+            for system, s in doc["systems"].items():
+                out.append(
+                    f"| {system} | {s['rounds']} | {s['median_tok_s']:.0f} | "
+                    f"{s['paired_ratio_median']:.3f} | {s['engine_core_cpu_s_median']:.2f} |"
+                )
+        elif r.kind == "prefix-ttft":
+            doc = r.doc
+            ours, theirs = doc["ttft_kvtier_tier_s"], doc["ttft_vllm_prefix_cache_s"]
+            out += [
+                f"## A {doc['prefix_tokens']:,}-token prefix from kvtier's {doc['kvtier_tier']} "
+                "tier against vLLM's own prefix cache",
+                "",
+                f"{name}; CPU: {r.cpu or 'not recorded'}. TTFT of one request whose prefix is "
+                f"cached, {len(ours)} rounds: vLLM's cache {min(theirs):.2f}–{max(theirs):.2f} s, "
+                f"kvtier's {doc['kvtier_tier']} tier {min(ours):.2f}–{max(ours):.2f} s; median "
+                f"ratio **{doc['ratio_median']:.2f}**.",
+            ]
+        out.append("")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    one = sub.add_parser("storage", help="tabulate runs of one version")
-    one.add_argument("runs", nargs="+")
-    one.add_argument("--out", required=True)
+    pages = {
+        "storage": ("tabulate storage runs of one version", {"storage"}, render_storage),
+        "codec": (
+            "coded tiers, the codec bench, --disk-codec runs",
+            {"storage", "codec", "run"},
+            render_codec,
+        ),
+        "run": ("kvtier run reports", {"run"}, render_run),
+        "serve": (
+            "kvtier bench serve and the connector's checks",
+            {"serve", "overhead", "prefix-ttft"},
+            render_serve,
+        ),
+    }
+    for name, (text, _, _) in pages.items():
+        one = sub.add_parser(name, help=text)
+        one.add_argument("reports", nargs="+")
+        one.add_argument("--out", required=True)
     two = sub.add_parser("ab", help="compare runs before and after a change")
     two.add_argument("--before", nargs="+", required=True)
     two.add_argument("--after", nargs="+", required=True)
     two.add_argument("--out", required=True)
-    coded = sub.add_parser("codec", help="coded ÷ raw tiers of the same runs")
-    coded.add_argument("runs", nargs="+")
-    coded.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    if args.what == "storage":
-        text = render_storage(load(args.runs))
-    elif args.what == "codec":
-        text = render_codec(load(args.runs))
+    out = Path(args.out)
+    if args.what == "ab":
+        before, after = load(args.before, {"storage"}), load(args.after, {"storage"})
+        lines = render_ab(before, after) + provenance(before + after, out.parent)
     else:
-        text = render_ab(load(args.before), load(args.after))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
-    print(f"wrote {args.out}")
+        _, kinds, render = pages[args.what]
+        reports = load(args.reports, kinds)
+        lines = render(reports) + provenance(reports, out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines).rstrip("\n") + "\n")
+    print(f"wrote {out}")
     return 0
 
 

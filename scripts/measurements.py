@@ -143,25 +143,26 @@ def load(paths: list[str], kinds: set[str]) -> list[Report]:
 
 
 def provenance(reports: list[Report], base: Path) -> list[str]:
-    """The page's last section: per group of reports, the day, the CPU, the command, the files."""
-    groups: dict[tuple, list[Report]] = defaultdict(list)
+    """The page's last section: per CPU, each set of reports with the day it was measured and
+    the command; then what else a reader needs to know of them."""
+    by_cpu: dict[str, dict[tuple[str, str], list[Report]]] = defaultdict(lambda: defaultdict(list))
     for r in reports:
-        groups[(r.measured or "", r.cpu or "", r.command or "", r.note or "")].append(r)
+        by_cpu[r.cpu or "CPU not recorded"][(r.measured or "", r.command or "")].append(r)
     out = [
         "## Measured",
         "",
-        "Per set of reports: the day it was measured (UTC), the CPU, the command and the reports",
-        "this page is rendered from.",
+        "The day each set of reports was measured (UTC), its command, the reports.",
         "",
     ]
-    for (day, cpu, command, note), group in sorted(
-        groups.items(), key=lambda g: (g[0][0], str(g[1][0].path))
-    ):
-        files = ", ".join(f"`{shown(r.path, base)}`" for r in group)
-        line = f"- {day or 'day not recorded'}, {cpu or 'CPU not recorded'}: "
-        line += f"`{command}`" if command else "command not recorded"
-        line += f" ({note})" if note else ""
-        out.append(f"{line}; {files}.")
+    for cpu, groups in by_cpu.items():
+        out += [f"On {cpu}:", ""]
+        ordered = sorted(groups.items(), key=lambda g: (g[0][0], str(g[1][0].path)))
+        for (day, command), group in ordered:
+            files = ", ".join(f"`{shown(r.path, base)}`" for r in group)
+            what = f"`{command}`" if command else "command not recorded"
+            out.append(f"- {day or 'day not recorded'}: {what}: {files}.")
+        notes = list(dict.fromkeys(r.note for _, g in ordered for r in g if r.note))
+        out += ["", *(f"{n}." for n in notes), *([""] if notes else [])]
     return out
 
 
@@ -233,7 +234,7 @@ def render_storage(reports: list[Report]) -> list[str]:
     ratios, targets = storage_cells(docs)
     shared = any(c[1] in ("redis", "s3") for c in ratios)
     out = [
-        "# Storage: kvtier ÷ reference",
+        "# Shared tiers: kvtier ÷ raw client" if shared else "# Storage: kvtier ÷ reference",
         "",
         f"From {len(docs)} `kvtier bench storage --json` reports; machine: {machine(docs)}.",
         "Each cell: median kvtier ÷ reference over the runs (their range); the reference is "

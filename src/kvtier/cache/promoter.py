@@ -86,17 +86,10 @@ class Promoter:
         if n == 0:
             return PrefetchResult(0, 0)
         lease = self._leases.acquire(keys[:n], self._pin_s) if self._pin_s > 0 else None
-        loc = found.tiers
         ready = promoted = 0
-        i = 0
-        while i < n:
-            t = loc[i]
-            j = i + 1
-            while j < n and loc[j] == t:
-                j += 1
+        for t, i, j in found.runs():
             if t == 0:
                 ready = j
-                i = j
                 continue
             if not self._fast_written or not self._guard.up(0):
                 break
@@ -105,7 +98,6 @@ class Promoter:
             ready = i + moved
             if moved < j - i:
                 break
-            i = j
         return PrefetchResult(ready, promoted, lease)
 
     def _copy_up(self, t: int, keys: Sequence[bytes]) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvtier.cache.leases import Lease
@@ -36,6 +38,15 @@ class LookupResult:
         """Name of the tier serving each hit chunk."""
         names = self.names
         return [names[t] for t in self.tiers]
+
+    def runs(self, n: int | None = None) -> Iterator[tuple[int, int, int]]:
+        """``(tier, start, end)`` of each run of chunks the same tier holds, over the first
+        ``n`` chunks of the prefix (all of it by default): one batched read each."""
+        start = 0
+        for tier, run in itertools.groupby(self.tiers[:n]):
+            end = start + sum(1 for _ in run)
+            yield tier, start, end
+            start = end
 
     def per_tier(self) -> dict[str, int]:
         """Hit chunks per tier name (tiers serving none are left out)."""

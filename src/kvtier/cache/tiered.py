@@ -183,12 +183,7 @@ class TieredCache:
         served: list[int] = []
         headers: list[BlockHeader] = []
         corrupt = errors = skipped = 0
-        i = 0
-        while i < n:
-            t = loc[i]
-            j = i + 1
-            while j < n and loc[j] == t:
-                j += 1
+        for t, i, j in found.runs(n):
             results = guard.read(t, keys[i:j], outs[i:j])
             stopped = False
             for off, result in enumerate(results):
@@ -206,7 +201,6 @@ class TieredCache:
                 headers.append(header)
             if stopped:
                 break
-            i = j
         nbytes = self._count_reads(served, headers)
         if headers:
             guard.saw_block(max(h.raw_len for h in headers))

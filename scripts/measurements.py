@@ -27,7 +27,7 @@ day it was measured (UTC), the CPU and the command. A report that does not recor
     files = ["kv-r*.json"]          # names or patterns of reports in this folder
     measured = "2026-12-02"         # the day they were measured (UTC)
     command = "kvtier bench storage --payload kv … --json"
-    cpu = "…"                       # optional: where a report does not name its CPU
+    cpu = "…"                       # optional: the CPU, where a report names none or less
     note = "…"                      # optional: what else a reader needs (servers, versions)
 """
 
@@ -37,6 +37,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import statistics
 import sys
 import tomllib
@@ -135,7 +136,7 @@ def load(paths: list[str], kinds: set[str]) -> list[Report]:
                 kind=kind,
                 measured=str(measured) if measured else None,
                 command=doc.get("command") or entry.get("command"),
-                cpu=report_cpu(doc, kind) or entry.get("cpu"),
+                cpu=entry.get("cpu") or report_cpu(doc, kind),
                 note=entry.get("note"),
             )
         )
@@ -156,14 +157,20 @@ def provenance(reports: list[Report], base: Path) -> list[str]:
     ]
     for cpu, groups in by_cpu.items():
         out += [f"On {cpu}:", ""]
-        ordered = sorted(groups.items(), key=lambda g: (g[0][0], str(g[1][0].path)))
+        ordered = sorted(groups.items(), key=lambda g: (g[0][0], natural(g[1][0].path)))
         for (day, command), group in ordered:
+            group = sorted(group, key=lambda r: natural(r.path))
             files = ", ".join(f"`{shown(r.path, base)}`" for r in group)
             what = f"`{command}`" if command else "command not recorded"
             out.append(f"- {day or 'day not recorded'}: {what}: {files}.")
         notes = list(dict.fromkeys(r.note for _, g in ordered for r in g if r.note))
         out += ["", *(f"{n}." for n in notes), *([""] if notes else [])]
     return out
+
+
+def natural(path: Path) -> list:
+    """A sort key that puts ``r9`` before ``r10``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
 
 
 PAGES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
@@ -424,11 +431,12 @@ def render_codec(reports: list[Report]) -> list[str]:
     """The page of ``codec``: coded tiers, the codec bench, `kvtier run --disk-codec`."""
     storage = [r.doc for r in reports if r.kind == "storage"]
     cpus = sorted({r.cpu or "CPU not recorded" for r in reports})
+    disks = [d for d in storage if d.get("environment", {}).get("filesystem")]
     out = [
         "# Coded tiers: `codec=kv` against `codec=raw`",
         "",
         f"From {len(reports)} reports; CPU: {'; '.join(cpus)}."
-        + (f" {machine(storage).split('; ', 1)[1].capitalize()}." if storage else ""),
+        + (f" {machine(disks or storage).split('; ', 1)[1].capitalize()}." if storage else ""),
         "",
     ]
     plain, fair = codec_pairs(storage)

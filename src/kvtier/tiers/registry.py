@@ -31,10 +31,10 @@ REGISTRY: Mapping[str, tuple[str, str | None, str | None]] = MappingProxyType(
         "memory": ("kvtier.tiers.memory.tier:MemoryTier", None, None),
         "file": ("kvtier.tiers.files.per_block:DiskTier", None, None),
         "slab": ("kvtier.tiers.files.slab:SlabTier", None, None),
-        "redis": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
-        "rediss": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
-        "valkey": ("kvtier.tiers.redis:RedisTier", "redis", "redis"),
-        "s3": ("kvtier.tiers.s3:S3Tier", "s3", "obstore"),
+        "redis": ("kvtier.tiers.redis.tier:RedisTier", "redis", "redis"),
+        "rediss": ("kvtier.tiers.redis.tier:RedisTier", "redis", "redis"),
+        "valkey": ("kvtier.tiers.redis.tier:RedisTier", "redis", "redis"),
+        "s3": ("kvtier.tiers.s3.tier:S3Tier", "s3", "obstore"),
     }
 )
 

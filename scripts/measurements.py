@@ -512,12 +512,13 @@ def render_one_run(r: Report) -> list[str]:
     first = next(iter(systems.values()))
     cfg = doc.get("config", {})
     out = [
-        f"## `kvtier run`: {first['requests']} requests, {first['prompt_tokens']:,} prompt tokens"
+        f"## `{r.path.stem}`: {first['requests']} requests, "
+        f"{first['prompt_tokens']:,} prompt tokens"
         + (
             f", `--disk-codec {cfg['disk_codec']}`" if cfg.get("disk_codec", "raw") != "raw" else ""
         ),
         "",
-        f"`{os.path.basename(r.path)}`; CPU: {r.cpu or 'not recorded'}; concurrency "
+        f"CPU: {r.cpu or 'not recorded'}; concurrency "
         f"{cfg.get('concurrency', '?')}, {doc.get('wall_s', 0):.0f} s in all. Per phase: TTFT,"
         " the prompt tokens the engine computed, the tokens each store served, those that"
         " failed to load (computed instead) and what kvtier's tiers held at the end.",
@@ -560,13 +561,12 @@ def serve_title(doc: dict) -> str:
     """What a `kvtier bench serve` report measured, in a few words."""
     cfg = doc.get("config", {})
     systems = cfg.get("systems") or sorted({run["system"] for run in doc.get("runs", [])})
-    workload = (
-        "multi-turn sessions" if (cfg.get("prefix") or {}).get("sessions") else "prefix_repetition"
-    )
+    sessions = (cfg.get("prefix") or {}).get("sessions")
+    workload = "Multi-turn sessions" if sessions else "`prefix_repetition`"
     conc = ", ".join(str(c) for c in cfg.get("concurrency", []))
-    title = f"{workload}, {', '.join(systems)}, concurrency {conc}"
+    title = f"{workload}: {', '.join(systems)} at concurrency {conc}"
     if cfg.get("random"):
-        title += f"; no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
+        title += f"; the no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
     return title
 
 
@@ -612,7 +612,7 @@ def render_serve(reports: list[Report]) -> list[str]:
             doc = r.doc
             ours, theirs = doc["ttft_kvtier_tier_s"], doc["ttft_vllm_prefix_cache_s"]
             out += [
-                f"## A {doc['prefix_tokens']:,}-token prefix from kvtier's {doc['kvtier_tier']} "
+                f"## One prefix of {doc['prefix_tokens']:,} tokens: kvtier's {doc['kvtier_tier']} "
                 "tier against vLLM's own prefix cache",
                 "",
                 f"{name}; CPU: {r.cpu or 'not recorded'}. TTFT of one request whose prefix is "

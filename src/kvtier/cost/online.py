@@ -14,7 +14,13 @@ import contextlib
 import threading
 from collections.abc import Sequence
 
-from kvtier.cost.calibration import CalibrationError, DecodeFit, PrefillFit, fit_prefill
+from kvtier.cost.calibration import (
+    CalibrationError,
+    DecodeFit,
+    MeasuredCompute,
+    PrefillFit,
+    fit_prefill,
+)
 
 #: A sample whose fitted time is off by more than this fraction counts as disturbed (quiet-machine
 #: repeats differ by 5-10 %; contention bursts slow a point 2-5x).
@@ -59,12 +65,12 @@ class RefinedCompute:
             fit = robust_prefill_fit(self._base) if len(self._base) >= 3 else prefill
         except CalibrationError:
             fit = prefill
-        self._fit = fit.stepped(self.step)
+        self._model = MeasuredCompute(fit.stepped(self.step), decode)
 
     @property
     def fit(self) -> PrefillFit:
         """The current fit."""
-        return self._fit
+        return self._model.prefill
 
     @property
     def observed(self) -> int:
@@ -78,14 +84,13 @@ class RefinedCompute:
         with self._lock:
             self._seen.append((int(new), int(cached), float(seconds)))
             with contextlib.suppress(CalibrationError):  # keep the last good fit
-                self._fit = robust_prefill_fit([*self._base, *self._seen]).stepped(self.step)
+                fit = robust_prefill_fit([*self._base, *self._seen]).stepped(self.step)
+                self._model = MeasuredCompute(fit, self.decode)
 
     def prefill_seconds(self, new: int, cached: int = 0) -> float:
         """Seconds to prefill ``new`` tokens after ``cached`` ones (current fit)."""
-        return self._fit.seconds(new, cached)
+        return self._model.prefill_seconds(new, cached)
 
     def decode_step_seconds(self, context: int, batch: int = 1) -> float:
-        """Seconds of one decode step (the profile's decode fit; else a 1-token prefill each)."""
-        if self.decode is not None:
-            return self.decode.seconds(context, batch)
-        return batch * self._fit.seconds(1, context)
+        """Seconds of one decode step (as :class:`MeasuredCompute` with the current fit)."""
+        return self._model.decode_step_seconds(context, batch)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvtier.cli.values import config_from, int_list, name_list
+from kvtier.cli.values import byte_size, config_from, int_list, name_list
 from kvtier.errors import ConfigError
 
 
@@ -24,6 +24,14 @@ def test_int_list_reads_integers_and_says_the_callers_message():
         int_list(" , ", "unreadable", "nothing given")
     assert str(empty.value) == "nothing given"
     assert int_list("", "unreadable") == ()  # no message for an empty list: it is returned
+
+
+def test_byte_size_reads_units_and_names_the_option():
+    assert byte_size("256GB", "--dram") == 256e9
+    assert byte_size("8GiB", "--dram") == 8 * 2**30
+    with pytest.raises(ConfigError) as bad:
+        byte_size("lots", "--nvme")
+    assert str(bad.value).startswith("--nvme: ")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Found and registered by :func:`kvtier.cli.bench_cmd.make_bench_app` (``register_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -41,6 +41,26 @@ TARGET = {
     "repeat": 3,
     "preload_check": True,
 }
+#: Help of the options the presets set, ``{}`` standing for the quick run's value.
+PRESET_HELP = {
+    "concurrency": "Client concurrencies, comma-separated [{}].",
+    "prefix_len": "Tokens per shared prefix [{}].",
+    "suffix_len": "Tokens after the prefix in each prompt [{}].",
+    "num_prefixes": "Distinct prefixes (or sessions) [{}].",
+    "num_prompts": "Reuse prompts per run (prefix_repetition prompts, or turns of all "
+    "sessions) [{}].",
+    "output_len": "Tokens generated per prompt [{}].",
+    "random_input_len": "Tokens per random prompt [{}].",
+    "random_output_len": "Tokens generated per random prompt [{}].",
+    "random_prompts": "Random prompts per round [{}].",
+    "random_concurrency": "Client concurrency of the random rounds [{}].",
+    "repeat": "Random rounds per system [{}]; ≥ 3 keeps vLLM and kvtier up and alternates.",
+}
+
+
+def _preset(name: str) -> Any:
+    """Option ``name`` of the presets: None unless given, which leaves it to the preset."""
+    return typer.Option(help=PRESET_HELP[name].format(QUICK[name]))
 
 
 def serve(
@@ -56,23 +76,12 @@ def serve(
             "1,4,8, random 3 rounds); options given explicitly still win. Long on a CPU.",
         ),
     ] = False,
-    concurrency: Annotated[
-        str | None, typer.Option(help="Client concurrencies, comma-separated [1,4].")
-    ] = None,
-    prefix_len: Annotated[int | None, typer.Option(help="Tokens per shared prefix [2048].")] = None,
-    suffix_len: Annotated[
-        int | None, typer.Option(help="Tokens after the prefix in each prompt [64].")
-    ] = None,
-    num_prefixes: Annotated[
-        int | None, typer.Option(help="Distinct prefixes (or sessions) [4].")
-    ] = None,
-    num_prompts: Annotated[
-        int | None,
-        typer.Option(
-            help="Reuse prompts per run (prefix_repetition prompts, or turns of all sessions) [16]."
-        ),
-    ] = None,
-    output_len: Annotated[int | None, typer.Option(help="Tokens generated per prompt [4].")] = None,
+    concurrency: Annotated[str | None, _preset("concurrency")] = None,
+    prefix_len: Annotated[int | None, _preset("prefix_len")] = None,
+    suffix_len: Annotated[int | None, _preset("suffix_len")] = None,
+    num_prefixes: Annotated[int | None, _preset("num_prefixes")] = None,
+    num_prompts: Annotated[int | None, _preset("num_prompts")] = None,
+    output_len: Annotated[int | None, _preset("output_len")] = None,
     sessions: Annotated[
         bool,
         typer.Option(
@@ -93,24 +102,11 @@ def serve(
             "off) [off; on with --target].",
         ),
     ] = None,
-    random_input_len: Annotated[
-        int | None, typer.Option(help="Tokens per random prompt [512].")
-    ] = None,
-    random_output_len: Annotated[
-        int | None, typer.Option(help="Tokens generated per random prompt [16].")
-    ] = None,
-    random_prompts: Annotated[
-        int | None, typer.Option(help="Random prompts per round [8].")
-    ] = None,
-    random_concurrency: Annotated[
-        int | None, typer.Option(help="Client concurrency of the random rounds [4].")
-    ] = None,
-    repeat: Annotated[
-        int | None,
-        typer.Option(
-            help="Random rounds per system [1]; ≥ 3 keeps vLLM and kvtier up and alternates."
-        ),
-    ] = None,
+    random_input_len: Annotated[int | None, _preset("random_input_len")] = None,
+    random_output_len: Annotated[int | None, _preset("random_output_len")] = None,
+    random_prompts: Annotated[int | None, _preset("random_prompts")] = None,
+    random_concurrency: Annotated[int | None, _preset("random_concurrency")] = None,
+    repeat: Annotated[int | None, _preset("repeat")] = None,
     max_num_batched_tokens: Annotated[
         int | None,
         typer.Option(
@@ -158,6 +154,7 @@ def serve(
     strict: Annotated[bool, typer.Option(help="Exit 1 when any threshold is missed.")] = False,
 ) -> None:
     """Each system on its own vLLM server (same KV pool), measured by vLLM's `bench serve`."""
+    options = dict(locals())
     from rich.console import Console
 
     from kvtier.bench.serve import ServeBench
@@ -174,21 +171,7 @@ def serve(
     from kvtier.tiers.paths import usable_directory, writable_file
 
     preset = TARGET if target else QUICK
-    given = {
-        "concurrency": concurrency,
-        "prefix_len": prefix_len,
-        "suffix_len": suffix_len,
-        "num_prefixes": num_prefixes,
-        "num_prompts": num_prompts,
-        "output_len": output_len,
-        "random_input_len": random_input_len,
-        "random_output_len": random_output_len,
-        "random_prompts": random_prompts,
-        "random_concurrency": random_concurrency,
-        "repeat": repeat,
-        "preload_check": preload_check,
-    }
-    v = {k: preset[k] if x is None else x for k, x in given.items()}
+    v = {k: preset[k] if options[k] is None else options[k] for k in QUICK}
     levels = str(v["concurrency"])
     config = ServeBenchConfig(
         systems=name_list(systems),

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from kvtier.cli.options import EmbeddedModel, ModelDtype
-from kvtier.cli.values import int_list
+from kvtier.cli.values import config_from, int_list
 
 DEFAULT_DIR = Path(".kvtier") / "calibrate"
 #: Break-even and prediction lengths shown in the summary.
@@ -65,6 +65,7 @@ def calibrate_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print only the profile JSON.")] = False,
 ) -> None:
     """Measure prefill/decode of a real model, each tier's loads and the host→device copy."""
+    options = dict(locals())
     from rich.console import Console
 
     from kvtier.cli.console import step_progress
@@ -88,13 +89,7 @@ def calibrate_command(
     from kvtier.keys import Namespace
     from kvtier.tiers.registry import open_tier
 
-    plan = CalibrationPlan(
-        max_tokens=max_tokens,
-        compute_budget_s=budget,
-        repeats=repeats,
-        chunk_tokens=chunk_tokens,
-        load_chunks=counts,
-    )
+    plan = config_from(CalibrationPlan, options, compute_budget_s=budget, load_chunks=counts)
     err = Console(stderr=True)
     with err.status("loading the model…"):
         import torch

@@ -33,15 +33,6 @@ def parse_tokens(text: str, what: str = "--context") -> int:
     return value
 
 
-def _size(text: str, what: str) -> float:
-    from kvtier.specs.units import parse_size
-
-    try:
-        return float(parse_size(text))
-    except ConfigError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
-
-
 def plan_command(
     model: opt.ModelPreset = "llama-3.1-8b",
     gpu: opt.GpuPreset = "h100",
@@ -113,45 +104,22 @@ def plan_command(
     ] = None,
 ) -> None:
     """Where KV overflows HBM as concurrency rises, what spills to each tier, and its cost."""
-    from kvtier.plan import (
-        PlanRequest,
-        TierSpec,
-        parse_concurrency,
-        parse_reserve,
-        parse_shared,
-        plan,
-    )
-    from kvtier.specs import get_gpu, get_link, get_model, get_storage, load_profile
+    from kvtier.cli.hardware import read_hardware, spill_tiers
+    from kvtier.cli.values import byte_size
+    from kvtier.plan import PlanRequest, TierSpec, parse_concurrency, parse_reserve, plan
     from kvtier.tiers.paths import writable_file
 
     if plot is not None:
         writable_file(plot, "--plot")
-    prof = load_profile(profile) if profile else None
-    spec = get_model(model, kv_dtype, weight_dtype, extra=prof.models if prof else None)
-    device = get_gpu(gpu, extra=prof.gpus if prof else None)
-    host_link = get_link(link or device.host_link, extra=prof.links if prof else None)
-    storage_extra = prof.storage if prof else None
+    hardware = read_hardware(profile, model, kv_dtype, weight_dtype, gpu, link)
     if nvme_writes not in ("spill", "through"):
         raise ConfigError(f"--nvme-writes is spill or through, not {nvme_writes!r}")
     if codec_ratio <= 0:
         raise ConfigError(f"--codec-ratio must be positive, got {codec_ratio}")
-    decode_bw = _size(codec_bandwidth, "--codec-bandwidth") if codec_bandwidth else None
+    decode_bw = byte_size(codec_bandwidth, "--codec-bandwidth") if codec_bandwidth else None
     if decode_bw is not None and decode_bw <= 0:
         raise ConfigError("--codec-bandwidth must be positive")
-
-    tiers = []
-    dram_bytes = _size(dram, "--dram")
-    if dram_bytes:
-        tiers.append(TierSpec("dram", get_storage("dram", storage_extra), dram_bytes))
-    nvme_bytes = _size(nvme, "--nvme")
-    if nvme_bytes:
-        medium = get_storage(nvme_type, storage_extra)
-        tiers.append(TierSpec("nvme", medium, nvme_bytes, codec_ratio, decode_bw))
-    shared_tier = parse_shared(shared)
-    if shared_tier:
-        name, size = shared_tier
-        medium = get_storage(name, storage_extra)
-        tiers.append(TierSpec("shared", medium, size, codec_ratio, decode_bw))
+    tiers = spill_tiers(TierSpec, hardware, dram, nvme, nvme_type, shared, codec_ratio, decode_bw)
 
     values, is_range = parse_concurrency(concurrency)
     fraction, reserve_bytes = parse_reserve(reserve)
@@ -159,9 +127,9 @@ def plan_command(
         tuple(sorted({parse_tokens(x, "--lengths") for x in lengths.split(",")})) if lengths else ()
     )
     req = PlanRequest(
-        model=spec,
-        gpu=device,
-        link=host_link,
+        model=hardware.model,
+        gpu=hardware.gpu,
+        link=hardware.link,
         gpus=gpus,
         context=parse_tokens(context),
         concurrency=values,

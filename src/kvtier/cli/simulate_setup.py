@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvtier.cli.values import byte_size
 from kvtier.errors import ConfigError
 
 SWEEPABLE = ("concurrency", "rate", "dram", "nvme", "link", "context", "preemption", "eviction")
@@ -21,54 +22,55 @@ SWEEPABLE = ("concurrency", "rate", "dram", "nvme", "link", "context", "preempti
 
 @dataclass(frozen=True)
 class SimArgs:
-    """The command line's values (see ``kvtier simulate --help``)."""
+    """The command line's values (``kvtier simulate``'s options, whose defaults they take), then
+    what a sweep sets besides: the host link's bandwidth and the prompts' scale."""
 
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100"
-    gpus: int = 1
-    replicas: int = 1
-    dram: str = "256GB"
-    nvme: str = "3.84TB"
-    nvme_type: str = "nvme-gen4"
-    shared: str = "none"
-    link: str | None = None
-    network: str = "12.5GB"
-    codec_ratio: float = 1.0
-    codec_bandwidth: str | None = None
-    kv_dtype: str | None = None
-    weight_dtype: str | None = None
-    mfu: float = 0.5
-    mbu: float = 0.8
-    reserve: str = "10%"
-    profile: Path | None = None
-    calibration: Path | None = None
-    concurrency_calibration: Path | None = None
-    refine: bool | None = None
-    trace: Path | None = None
-    trace_format: str = "mooncake"
-    trace_block_tokens: int | None = None
-    time_unit: float | None = None
-    skip_bad: bool = False
-    phase: str | None = None
-    workload: str = "mix"
-    workload_file: Path | None = None
-    sessions: int = 500
-    rate: float = 2.0
-    seed: int = 0
-    block_tokens: int | None = None
-    chunk_tokens: int | None = None
-    max_batched_tokens: int | None = None
-    max_seqs: int = 256
-    pool_blocks: int = 72
-    concurrency: int | None = None
-    routing: str = "session"
-    kvtier: bool = True
-    preemption: str = "auto"
-    preload: bool = True
-    decide: bool = True
-    eviction: str = "lru"
-    slo_ttft: float = 2.0
-    slo_tpot: float = 0.1
+    model: str
+    gpu: str
+    gpus: int
+    replicas: int
+    dram: str
+    nvme: str
+    nvme_type: str
+    shared: str
+    link: str | None
+    network: str
+    codec_ratio: float
+    codec_bandwidth: str | None
+    kv_dtype: str | None
+    weight_dtype: str | None
+    mfu: float
+    mbu: float
+    reserve: str
+    profile: Path | None
+    calibration: Path | None
+    concurrency_calibration: Path | None
+    refine: bool | None
+    trace: Path | None
+    trace_format: str
+    trace_block_tokens: int | None
+    time_unit: float | None
+    skip_bad: bool
+    phase: str | None
+    workload: str
+    workload_file: Path | None
+    sessions: int
+    rate: float
+    seed: int
+    block_tokens: int | None
+    chunk_tokens: int | None
+    max_batched_tokens: int | None
+    max_seqs: int
+    pool_blocks: int
+    concurrency: int | None
+    routing: str
+    kvtier: bool
+    preemption: str
+    preload: bool
+    decide: bool
+    eviction: str
+    slo_ttft: float
+    slo_tpot: float
     link_bandwidth: float | None = None
     context_scale: float = 1.0
 
@@ -129,15 +131,6 @@ def parse_sweep(text: str) -> SweepSpec:
     if not items:
         raise ConfigError("--sweep: give at least one value")
     return SweepSpec(name, items)
-
-
-def _size(text: str, what: str) -> float:
-    from kvtier.specs.units import parse_size
-
-    try:
-        return float(parse_size(text))
-    except ConfigError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
 
 
 def _check(a: SimArgs) -> None:
@@ -251,7 +244,8 @@ def _trace_block(requests: list) -> int:
 
 
 def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
-    from kvtier.plan.inputs import parse_reserve, parse_shared
+    from kvtier.cli.hardware import read_hardware, spill_tiers
+    from kvtier.plan.inputs import parse_reserve
     from kvtier.sim.config import SimConfig
     from kvtier.sim.specs import (
         GPU_BATCHED_TOKENS,
@@ -260,19 +254,15 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
         kvtier_from_specs,
         timer_from_specs,
     )
-    from kvtier.specs import get_gpu, get_link, get_model, get_storage, load_profile
 
-    prof = load_profile(a.profile) if a.profile else None
-    spec = get_model(a.model, a.kv_dtype, a.weight_dtype, extra=prof.models if prof else None)
-    device = get_gpu(a.gpu, extra=prof.gpus if prof else None)
-    host = get_link(a.link or device.host_link, extra=prof.links if prof else None)
+    hardware = read_hardware(a.profile, a.model, a.kv_dtype, a.weight_dtype, a.gpu, a.link)
+    spec, device, host = hardware.model, hardware.gpu, hardware.link
     if a.link_bandwidth:
         host = replace(
             host,
             achieved_bandwidth=a.link_bandwidth,
             nameplate_bandwidth=max(a.link_bandwidth, host.nameplate_bandwidth),
         )
-    extra = prof.storage if prof else None
     fraction, reserve_bytes = parse_reserve(a.reserve)
     block = a.block_tokens or (_trace_block(requests) if a.trace is not None else 16)
     budget = a.max_batched_tokens or max(GPU_BATCHED_TOKENS, block)
@@ -288,21 +278,10 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
         preemption=a.preemption,
     )
     timer = timer_from_specs(spec, device, a.gpus, mfu=a.mfu, mbu=a.mbu, budget=budget)
-    decode_bw = _size(a.codec_bandwidth, "--codec-bandwidth") if a.codec_bandwidth else None
-    choices: list[TierChoice] = []
-    if _size(a.dram, "--dram"):
-        choices.append(TierChoice("dram", get_storage("dram", extra), _size(a.dram, "--dram")))
-    if _size(a.nvme, "--nvme"):
-        medium = get_storage(a.nvme_type, extra)
-        choices.append(
-            TierChoice("nvme", medium, _size(a.nvme, "--nvme"), a.codec_ratio, decode_bw)
-        )
-    shared = parse_shared(a.shared)
-    if shared:
-        name, size = shared
-        choices.append(
-            TierChoice("shared", get_storage(name, extra), size, a.codec_ratio, decode_bw)
-        )
+    decode_bw = byte_size(a.codec_bandwidth, "--codec-bandwidth") if a.codec_bandwidth else None
+    choices = spill_tiers(
+        TierChoice, hardware, a.dram, a.nvme, a.nvme_type, a.shared, a.codec_ratio, decode_bw
+    )
     kv = None
     if a.kvtier and choices:
         chunk = a.chunk_tokens or max(256, block)
@@ -328,7 +307,7 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
         kvtier=kv,
         replicas=a.replicas,
         routing=a.routing,  # type: ignore[arg-type]
-        network_bandwidth=_size(a.network, "--network"),
+        network_bandwidth=byte_size(a.network, "--network"),
         concurrency=a.concurrency,
         slo_ttft_s=a.slo_ttft,
         slo_tpot_s=a.slo_tpot,
@@ -431,7 +410,7 @@ def _with(a: SimArgs, name: str, value: str) -> SimArgs:
     if name in ("dram", "nvme"):
         return replace(a, **{name: value})
     if name == "link":
-        return replace(a, link_bandwidth=_size(value, "--sweep link"))
+        return replace(a, link_bandwidth=byte_size(value, "--sweep link"))
     if name == "context":
         return replace(a, context_scale=float(value))
     if name == "preemption":

@@ -36,6 +36,17 @@ def int_list(text: str, unreadable: str, empty: str | None = None) -> tuple[int,
     return values
 
 
+def byte_size(text: str, option: str) -> float:
+    """A size such as ``256GB`` or ``8GiB`` in bytes; ConfigError naming ``option`` when it
+    cannot be read."""
+    from kvtier.specs.units import parse_size
+
+    try:
+        return float(parse_size(text))
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
 def config_from(cls: type[T], options: Mapping[str, Any], **given: Any) -> T:
     """A ``cls`` dataclass from a command's option values named like its fields, ``given``
     (fields named otherwise on the command line, or values converted) winning over them.
@@ -48,4 +59,4 @@ def config_from(cls: type[T], options: Mapping[str, Any], **given: Any) -> T:
     return cls(**(picked | given))
 
 
-__all__ = ["config_from", "int_list", "name_list"]
+__all__ = ["byte_size", "config_from", "int_list", "name_list"]

@@ -7,7 +7,7 @@ import pytest
 
 from kvtier.cost import CostModel, RooflineCompute, TransferPath
 from kvtier.errors import ConfigError, SpecError
-from kvtier.plan import PlanRequest, TierSpec, default_prefix_lengths, plan
+from kvtier.plan import PlanRequest, SpillTier, default_prefix_lengths, plan
 from kvtier.specs import get_gpu, get_link, get_model, get_storage
 
 H100 = get_gpu("h100")
@@ -18,11 +18,11 @@ CTX = 131_072
 def tiers(dram=256e9, nvme=3.84e12, shared=None):
     out = []
     if dram:
-        out.append(TierSpec("dram", get_storage("dram"), dram))
+        out.append(SpillTier("dram", get_storage("dram"), dram))
     if nvme:
-        out.append(TierSpec("nvme", get_storage("nvme-gen4"), nvme))
+        out.append(SpillTier("nvme", get_storage("nvme-gen4"), nvme))
     if shared:
-        out.append(TierSpec("shared", get_storage(shared[0]), shared[1]))
+        out.append(SpillTier("shared", get_storage(shared[0]), shared[1]))
     return tuple(out)
 
 
@@ -127,8 +127,8 @@ def test_a_slow_tier_below_break_even_is_recomputed():
             prefix_reuse=0.5,
             concurrency=(1, 4096),
             tiers=(
-                TierSpec("dram", get_storage("dram"), 10e9),
-                TierSpec("shared", get_storage("redis"), None),
+                SpillTier("dram", get_storage("dram"), 10e9),
+                SpillTier("shared", get_storage("redis"), None),
             ),
         )
     )

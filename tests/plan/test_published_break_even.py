@@ -8,7 +8,7 @@ memory 736 / 825 tokens for Llama-3.2-3B / Qwen3-4B. Their H100 host's SSD is a 
 
 import pytest
 
-from kvtier.plan import PlanRequest, TierSpec, plan
+from kvtier.plan import PlanRequest, SpillTier, plan
 from kvtier.specs import get_gpu, get_link, get_model, get_storage
 
 PUBLISHED = {
@@ -21,8 +21,8 @@ PUBLISHED = {
 
 def break_evens(model: str) -> dict[str, int | None]:
     tiers = (
-        TierSpec("dram", get_storage("dram"), 256e9),
-        TierSpec("nvme", get_storage("nvme-gen5"), 3.84e12),
+        SpillTier("dram", get_storage("dram"), 256e9),
+        SpillTier("nvme", get_storage("nvme-gen5"), 3.84e12),
     )
     req = PlanRequest(
         get_model(model),

@@ -4,7 +4,7 @@ import pytest
 
 from kvtier.cost import CostModel, RooflineCompute, TransferPath
 from kvtier.errors import ConfigError
-from kvtier.plan import PlanRequest, TierSpec, plan, request_ttft
+from kvtier.plan import PlanRequest, SpillTier, plan, request_ttft
 from kvtier.specs import get_gpu, get_link, get_model, get_storage
 
 H100, PCIE5 = get_gpu("h100"), get_link("pcie-gen5-x16")
@@ -12,8 +12,8 @@ MODEL = get_model("llama-3.1-8b")
 COMPUTE = RooflineCompute(MODEL, H100)
 COST = CostModel(COMPUTE, MODEL.kv_bytes_per_token())
 TIERS = (
-    TierSpec("dram", get_storage("dram"), 100e9),
-    TierSpec("shared", get_storage("object-store"), None),
+    SpillTier("dram", get_storage("dram"), 100e9),
+    SpillTier("shared", get_storage("object-store"), None),
 )
 
 

@@ -2,18 +2,18 @@
 
 import pytest
 
-from kvtier.plan import PlanRequest, TierSpec, request_ttft
+from kvtier.plan import PlanRequest, SpillTier, request_ttft
 from kvtier.sim.config import SimConfig
 from kvtier.sim.simulator import Simulator
-from kvtier.sim.specs import TierChoice, engine_from_specs, kvtier_from_specs, timer_from_specs
+from kvtier.sim.specs import engine_from_specs, kvtier_from_specs, timer_from_specs
 from kvtier.specs import get_gpu, get_link, get_model, get_storage
 from kvtier.workloads.requests import TraceRequest, chain_keys
 
 MODEL, GPU, LINK = get_model("llama-3.1-8b"), get_gpu("h100"), get_link("pcie-gen5-x16")
 CHOICES = [
-    TierChoice("dram", get_storage("dram"), 256e9),
-    TierChoice("nvme", get_storage("nvme-gen4"), 3.84e12),
-    TierChoice("shared", get_storage("redis"), None),
+    SpillTier("dram", get_storage("dram"), 256e9),
+    SpillTier("nvme", get_storage("nvme-gen4"), 3.84e12),
+    SpillTier("shared", get_storage("redis"), None),
 ]
 
 
@@ -36,7 +36,7 @@ def test_one_request_alone_has_the_ttft_plan_gives(prompt, cached, tier):
         MODEL,
         GPU,
         LINK,
-        tiers=tuple(TierSpec(c.role, c.storage, c.capacity_bytes) for c in CHOICES),
+        tiers=tuple(SpillTier(c.role, c.storage, c.capacity_bytes) for c in CHOICES),
     )
     want = request_ttft(req, prompt, cached, tier)
     assert simulated_ttft(prompt, cached, tier) == pytest.approx(want, rel=0.05)

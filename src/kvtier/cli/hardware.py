@@ -7,12 +7,11 @@ one-line errors naming the flag.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from kvtier.cli.values import byte_size
+from kvtier.cost.transfer import SpillTier
 from kvtier.plan.inputs import parse_shared
 from kvtier.specs import (
     GPU,
@@ -25,8 +24,6 @@ from kvtier.specs import (
     get_storage,
     load_profile,
 )
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,6 @@ def read_hardware(
 
 
 def spill_tiers(
-    make: Callable[..., T],
     hardware: Hardware,
     dram: str,
     nvme: str,
@@ -66,24 +62,23 @@ def spill_tiers(
     shared: str,
     codec_ratio: float,
     decode_bandwidth: float | None,
-) -> list[T]:
+) -> list[SpillTier]:
     """The DRAM, NVMe and shared tiers of ``--dram``, ``--nvme`` (``--nvme-type``) and
-    ``--shared`` (a zero size or ``none``: no such tier), fast to slow, each made by
-    ``make(role, medium, stored bytes[, codec ratio, decode bandwidth])``; the codec is
-    on the NVMe and shared tiers only."""
-    tiers = []
+    ``--shared`` (a zero size or ``none``: no such tier), fast to slow; the codec is on the
+    NVMe and shared tiers only."""
+    tiers: list[SpillTier] = []
     dram_bytes = byte_size(dram, "--dram")
     if dram_bytes:
-        tiers.append(make("dram", get_storage("dram", hardware.storage), dram_bytes))
+        tiers.append(SpillTier("dram", get_storage("dram", hardware.storage), dram_bytes))
     nvme_bytes = byte_size(nvme, "--nvme")
     if nvme_bytes:
         medium = get_storage(nvme_type, hardware.storage)
-        tiers.append(make("nvme", medium, nvme_bytes, codec_ratio, decode_bandwidth))
+        tiers.append(SpillTier("nvme", medium, nvme_bytes, codec_ratio, decode_bandwidth))
     shared_tier = parse_shared(shared)
     if shared_tier:
         name, size = shared_tier
         medium = get_storage(name, hardware.storage)
-        tiers.append(make("shared", medium, size, codec_ratio, decode_bandwidth))
+        tiers.append(SpillTier("shared", medium, size, codec_ratio, decode_bandwidth))
     return tiers
 
 

@@ -106,7 +106,7 @@ def plan_command(
     """Where KV overflows HBM as concurrency rises, what spills to each tier, and its cost."""
     from kvtier.cli.hardware import read_hardware, spill_tiers
     from kvtier.cli.values import byte_size
-    from kvtier.plan import PlanRequest, TierSpec, parse_concurrency, parse_reserve, plan
+    from kvtier.plan import PlanRequest, parse_concurrency, parse_reserve, plan
     from kvtier.tiers.paths import writable_file
 
     if plot is not None:
@@ -119,7 +119,7 @@ def plan_command(
     decode_bw = byte_size(codec_bandwidth, "--codec-bandwidth") if codec_bandwidth else None
     if decode_bw is not None and decode_bw <= 0:
         raise ConfigError("--codec-bandwidth must be positive")
-    tiers = spill_tiers(TierSpec, hardware, dram, nvme, nvme_type, shared, codec_ratio, decode_bw)
+    tiers = spill_tiers(hardware, dram, nvme, nvme_type, shared, codec_ratio, decode_bw)
 
     values, is_range = parse_concurrency(concurrency)
     fraction, reserve_bytes = parse_reserve(reserve)

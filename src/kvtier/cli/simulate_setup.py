@@ -249,7 +249,6 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
     from kvtier.sim.config import SimConfig
     from kvtier.sim.specs import (
         GPU_BATCHED_TOKENS,
-        TierChoice,
         engine_from_specs,
         kvtier_from_specs,
         timer_from_specs,
@@ -279,9 +278,7 @@ def _from_specs(a: SimArgs, requests: list, source: dict) -> Built:
     )
     timer = timer_from_specs(spec, device, a.gpus, mfu=a.mfu, mbu=a.mbu, budget=budget)
     decode_bw = byte_size(a.codec_bandwidth, "--codec-bandwidth") if a.codec_bandwidth else None
-    choices = spill_tiers(
-        TierChoice, hardware, a.dram, a.nvme, a.nvme_type, a.shared, a.codec_ratio, decode_bw
-    )
+    choices = spill_tiers(hardware, a.dram, a.nvme, a.nvme_type, a.shared, a.codec_ratio, decode_bw)
     kv = None
     if a.kvtier and choices:
         chunk = a.chunk_tokens or max(256, block)

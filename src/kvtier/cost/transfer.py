@@ -3,6 +3,7 @@ host→device copy."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
@@ -188,3 +189,35 @@ class TransferPath:
         """Raw bytes/s the path sustains for large transfers (fixed costs amortised away)."""
         stages = self.stage_seconds(1.0).values()
         return 1.0 / (max(stages) if self.overlapped else sum(stages))
+
+
+@dataclass(frozen=True)
+class SpillTier:
+    """One tier below the engine's memory as the planner and the simulator take it: its role
+    (``dram``/``nvme``/``shared``), medium, node capacity (stored bytes; None: unlimited), codec
+    ratio (raw/stored) and decode speed (raw bytes/s; None: no codec)."""
+
+    role: str
+    storage: Storage
+    capacity_bytes: float | None = None
+    codec_ratio: float = 1.0
+    decode_bandwidth: float | None = None
+
+    def raw_capacity(self) -> float:
+        """Raw KV bytes the tier holds (its stored capacity times the codec ratio)."""
+        if self.capacity_bytes is None:
+            return math.inf
+        return self.capacity_bytes * self.codec_ratio
+
+    def path(self, link: Link, *, sharers: int, model: ModelSpec | None) -> TransferPath:
+        """The load path from this tier over the host ``link``, read by ``sharers`` ranks at
+        once (see :meth:`TransferPath.from_specs`)."""
+        return TransferPath.from_specs(
+            self.storage,
+            link,
+            codec_ratio=self.codec_ratio,
+            decode_bandwidth=self.decode_bandwidth,
+            sharers=sharers,
+            name=self.role,
+            model=model,
+        )

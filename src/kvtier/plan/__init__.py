@@ -1,5 +1,6 @@
 """Capacity planner: the memory-wall sequence for a model × hardware × context × concurrency."""
 
+from kvtier.cost.transfer import SpillTier
 from kvtier.plan.inputs import parse_concurrency, parse_reserve, parse_shared
 from kvtier.plan.planner import (
     DEFAULT_RESERVE_FRACTION,
@@ -9,7 +10,6 @@ from kvtier.plan.planner import (
     PlanRequest,
     Row,
     TierReport,
-    TierSpec,
     default_prefix_lengths,
     plan,
     request_ttft,
@@ -22,8 +22,8 @@ __all__ = [
     "Plan",
     "PlanRequest",
     "Row",
+    "SpillTier",
     "TierReport",
-    "TierSpec",
     "default_prefix_lengths",
     "parse_concurrency",
     "parse_reserve",

@@ -28,10 +28,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from kvtier.cost import Comparison, CostModel, RooflineCompute, TransferPath
+from kvtier.cost import Comparison, CostModel, RooflineCompute
 from kvtier.cost.compute import DEFAULT_MBU, DEFAULT_MFU
+from kvtier.cost.transfer import SpillTier
 from kvtier.errors import ConfigError, SpecError
-from kvtier.specs.hardware import GPU, Link, Storage
+from kvtier.specs.hardware import GPU, Link
 from kvtier.specs.jsonout import finite
 from kvtier.specs.model import ModelSpec
 
@@ -43,23 +44,6 @@ WAIT_WARNING = 0.25
 #: Up to this many concurrency values, events are found by checking every integer.
 _SCAN_LIMIT = 1024
 _DAY = 86_400.0
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """One spill tier: its role (``dram``/``nvme``/``shared``), medium, node capacity, codec."""
-
-    role: str
-    storage: Storage
-    capacity_bytes: float | None = None  # stored bytes on the node; None: unlimited
-    codec_ratio: float = 1.0
-    decode_bandwidth: float | None = None
-
-    def raw_capacity(self) -> float:
-        """Raw KV bytes the tier holds (its stored capacity times the codec ratio)."""
-        if self.capacity_bytes is None:
-            return math.inf
-        return self.capacity_bytes * self.codec_ratio
 
 
 @dataclass(frozen=True)
@@ -75,7 +59,7 @@ class PlanRequest:
     add_breakpoints: bool = True
     prefix_reuse: float = 0.9
     output_tokens: int = 256
-    tiers: tuple[TierSpec, ...] = ()
+    tiers: tuple[SpillTier, ...] = ()
     request_rate: float | None = None
     reserve_fraction: float = DEFAULT_RESERVE_FRACTION
     reserve_bytes: float = 0.0
@@ -273,16 +257,7 @@ class _Planner:
         self.compute = RooflineCompute(req.model, req.gpu, req.gpus, req.mfu, req.mbu)
         self.cost = CostModel(self.compute, self.cap.kv_bytes_per_token_per_gpu)
         self.paths = {
-            t.role: TransferPath.from_specs(
-                t.storage,
-                req.link,
-                codec_ratio=t.codec_ratio,
-                decode_bandwidth=t.decode_bandwidth,
-                sharers=req.gpus,
-                name=t.role,
-                model=req.model,
-            )
-            for t in req.tiers
+            t.role: t.path(req.link, sharers=req.gpus, model=req.model) for t in req.tiers
         }
         ctx = req.context
         self.prefix = min(round(req.prefix_reuse * ctx), ctx - 1)

@@ -8,32 +8,18 @@ crosses the GPU's host link both ways. Execution times come from the roofline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvtier.cost.compute import RooflineCompute
-from kvtier.cost.transfer import TransferPath
+from kvtier.cost.transfer import SpillTier
 from kvtier.errors import ConfigError, SpecError
 from kvtier.sim.config import EngineSpec, KvtierSpec
 from kvtier.sim.tiers import TierSpec
 from kvtier.sim.timing import RooflineTimer
-from kvtier.specs.hardware import GPU, Link, Storage
+from kvtier.specs.hardware import GPU, Link
 from kvtier.specs.model import ModelSpec
 
 #: vLLM's default KV block on GPUs, and its OpenAI server's step budget on H100-class GPUs.
 GPU_BLOCK_TOKENS = 16
 GPU_BATCHED_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class TierChoice:
-    """One tier as ``kvtier plan`` takes it: role, medium, capacity (stored bytes; None:
-    unlimited), codec ratio (raw/stored) and decode speed (raw bytes/s; None: no codec)."""
-
-    role: str
-    storage: Storage
-    capacity_bytes: float | None
-    codec_ratio: float = 1.0
-    decode_bandwidth: float | None = None
 
 
 def pool_blocks(
@@ -95,7 +81,7 @@ def timer_from_specs(
 
 
 def tier_specs(
-    choices: list[TierChoice],
+    choices: list[SpillTier],
     gpus: int = 1,
     link: Link | None = None,
     model: ModelSpec | None = None,
@@ -122,17 +108,7 @@ def tier_specs(
                 decode_bandwidth=t.decode_bandwidth * gpus if t.decode_bandwidth else None,
                 shared=t.role == "shared",
                 dwpd=s.dwpd,
-                path=None
-                if link is None
-                else TransferPath.from_specs(
-                    s,
-                    link,
-                    codec_ratio=t.codec_ratio,
-                    decode_bandwidth=t.decode_bandwidth,
-                    sharers=gpus,
-                    name=t.role,
-                    model=model,
-                ),
+                path=None if link is None else t.path(link, sharers=gpus, model=model),
                 sharers=gpus,
             )
         )
@@ -140,7 +116,7 @@ def tier_specs(
 
 
 def kvtier_from_specs(
-    choices: list[TierChoice],
+    choices: list[SpillTier],
     link: Link,
     gpus: int = 1,
     *,
@@ -162,7 +138,6 @@ def kvtier_from_specs(
 __all__ = [
     "GPU_BATCHED_TOKENS",
     "GPU_BLOCK_TOKENS",
-    "TierChoice",
     "engine_from_specs",
     "kvtier_from_specs",
     "pool_blocks",

@@ -7,6 +7,7 @@ deadline, even if the holder forgets to release or dies.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from kvtier.errors import ConfigError
 
 
-class Lease:
+class Lease(contextlib.AbstractContextManager):
     """Keys pinned until ``release()`` or until ``expires_at`` (``time.monotonic`` seconds)."""
 
     def __init__(
@@ -38,9 +39,6 @@ class Lease:
     def renew(self, ttl_s: float) -> None:
         """Pin for ``ttl_s`` more seconds from now (an expired lease cannot be renewed)."""
         self._table.renew(self, ttl_s)
-
-    def __enter__(self) -> Lease:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.release()

@@ -15,6 +15,7 @@ contract).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -38,7 +39,7 @@ from kvtier.tiers.base import Tier
 log = logging.getLogger("kvtier.cache")
 
 
-class TieredCache:
+class TieredCache(contextlib.AbstractContextManager):
     """A KV block cache over ``tiers`` (fast→slow), configured by ``config``."""
 
     def __init__(self, tiers: Sequence[Tier], config: CacheConfig | None = None):
@@ -304,9 +305,6 @@ class TieredCache:
             self._writes.close(timeout)
             for tier in self._tiers:
                 tier.set_pinned(None)
-
-    def __enter__(self) -> TieredCache:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -7,6 +7,7 @@ checks raises a :class:`~kvtier.codec.BlockError`; the cache counts it as a miss
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class TierURL:
         return cls(parts.scheme, parts.netloc, parts.path, opts)
 
 
-class Tier(ABC):
+class Tier(contextlib.AbstractContextManager, ABC):
     """One storage medium holding KV blocks for one namespace."""
 
     scheme: ClassVar[str]
@@ -199,16 +200,13 @@ class Tier(ABC):
         behind it is allocated now); the bytes taken, 0 where there is nothing to do."""
         return 0
 
-    def warm_io(self, block_bytes: int, callers: int) -> None:  # noqa: B027 - optional hook
+    def warm_io(self, block_bytes: int, callers: int) -> None:
         """Make the I/O buffers of ``callers`` concurrent readers or writers of blocks of
         ``block_bytes`` now (when an engine starts), so that the first reads and writes do not
         map and fault them in; nothing where a tier keeps no such buffers."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release files, sockets and threads."""
-
-    def __enter__(self) -> Tier:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -44,6 +44,9 @@ class Rules:
     narrow: dict[str, set[str]]  # "room.module" -> rooms it may import
     core: set[str]
     exceptions: set[tuple[str, str, str]] = field(default_factory=set)  # (src, dst, path)
+    product: set[str] = field(
+        default_factory=set
+    )  # what a deployment imports; the rest: instruments
 
 
 def _tables(text: str) -> list[tuple[tuple[str, ...], list[list[str]]]]:
@@ -107,7 +110,9 @@ def parse_rules(text: str) -> Rules:
         m = re.match(r"^- `([\w.]+) -> ([\w.]+)` in `([^`]+)`:", line)
         if m:
             exceptions.add((m.group(1), m.group(2), m.group(3)))
-    return Rules(order, allowed, universal, narrow, core, exceptions)
+    product_line = re.search(r"^Product rooms \([^)]*\):((?:[\s,]*`\w+`)+)", text, re.M)
+    product = set(re.findall(r"`(\w+)`", product_line.group(1))) if product_line else set()
+    return Rules(order, allowed, universal, narrow, core, exceptions, product)
 
 
 # --- the imports, read from the code ----------------------------------------------------------
@@ -339,6 +344,12 @@ def doc_violations(rules: Rules, root: Path) -> list[str]:
     for part, may in rules.narrow.items():
         if part.split(".")[0] not in rooms or may - rooms:
             bad.append(f"the narrow rule of {part} names something that is not a room")
+    for room in sorted(rules.product):
+        if room not in rooms:
+            bad.append(f"product room {room} is not a room of the table")
+            continue
+        for dst in sorted(rules.allowed[room] - rules.product - rules.universal):
+            bad.append(f"product room {room} may import {dst}, an instrument")
     return bad
 
 
@@ -355,6 +366,7 @@ def imports() -> list[Import]:
 
 def test_doc_rooms_exist_and_are_layered(rules):
     assert "errors" in rules.universal
+    assert {"cache", "tiers", "engines"} <= rules.product and "bench" not in rules.product
     assert not doc_violations(rules, PACKAGE), "\n".join(doc_violations(rules, PACKAGE))
 
 
@@ -491,3 +503,13 @@ def test_checker_reports_import_circles_lazy_ones_too(tmp_path):
     ]
     (root / "specs" / "__init__.py").write_text("import kvtier.errors\n")
     assert import_cycles(root, scan(root)) == []
+
+
+def test_checker_keeps_the_product_from_the_instruments(tmp_path):
+    _, root = _synthetic(tmp_path)
+    doc = SYNTHETIC_DOC.format(exceptions="None.")
+    served = parse_rules(doc + "\nProduct rooms (served): `errors`, `specs`, `tiers`, `cache`.\n")
+    assert served.product == {"errors", "specs", "tiers", "cache"}
+    assert not doc_violations(served, root)
+    leaky = parse_rules(doc + "\nProduct rooms (served): `errors`, `specs`, `cache`.\n")
+    assert doc_violations(leaky, root) == ["product room cache may import tiers, an instrument"]

@@ -34,6 +34,15 @@ class EngineGeometry:
     itemsize: int
     layout: str
 
+    def blocks_per_chunk(self, chunk_tokens: int) -> int:
+        """vLLM blocks in one chunk of ``chunk_tokens`` tokens (a whole number of them)."""
+        if chunk_tokens <= 0 or chunk_tokens % self.block_size:
+            raise ConfigError(
+                f"chunk_tokens={chunk_tokens} is not a multiple of vLLM's block size "
+                f"{self.block_size}"
+            )
+        return chunk_tokens // self.block_size
+
     def chunk_bytes(self, chunk_tokens: int) -> int:
         """Bytes of one chunk of ``chunk_tokens`` tokens, every layer, K and V."""
         return self.layers * 2 * self.kv_heads * self.head_dim * self.itemsize * chunk_tokens

@@ -92,4 +92,11 @@ def open_cache(
     return TieredCache(tiers, cache_config)
 
 
-__all__ = ["open_cache"]
+def close_cache(cache: TieredCache) -> None:
+    """Close a cache :func:`open_cache` made, then the tiers it opened for it."""
+    cache.close()
+    for tier in cache.tiers:
+        tier.close()
+
+
+__all__ = ["close_cache", "open_cache"]

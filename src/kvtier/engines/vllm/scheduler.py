@@ -40,7 +40,7 @@ from kvtier.engines.vllm.metadata import (
     LoadJob,
     StoreJob,
 )
-from kvtier.engines.vllm.open_tiers import open_cache
+from kvtier.engines.vllm.open_tiers import close_cache, open_cache
 from kvtier.engines.vllm.records import RecordWriter, prompt_hash
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
 from kvtier.engines.vllm.stats import ConnectorCounters
@@ -153,14 +153,7 @@ class SchedulerSide:
         self.config = config
         self.geometry = geometry
         self.chunk = config.chunk_tokens
-        if self.chunk % geometry.block_size:
-            from kvtier.errors import ConfigError
-
-            raise ConfigError(
-                f"chunk_tokens={self.chunk} is not a multiple of vLLM's block size "
-                f"{geometry.block_size}"
-            )
-        self.blocks_per_chunk = self.chunk // geometry.block_size
+        self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.keyer = ChunkKeyer(namespace, self.chunk)
         self._adapters = AdapterIdentities()
@@ -183,6 +176,7 @@ class SchedulerSide:
         self._inflight: dict[str, _Request] = {}
         self._bad: dict[bytes, float] = {}  # keys whose load failed → until when to skip them
         self._lock = threading.Lock()
+        self._keys_lock = threading.Lock()
         self._records = RecordWriter(config.records) if config.records else None
         self._preload_queue: deque[str] = deque()
         self._preload_wake = threading.Condition(self._lock)
@@ -201,10 +195,14 @@ class SchedulerSide:
         if st.unkeyable:
             return []
         full = tokens // self.chunk
-        if full > len(st.keys):
+        keys = st.keys
+        if full > len(keys):
             ids = st.request.all_token_ids[: full * self.chunk]
-            st.keys = self.keyer.keys(np.asarray(ids, dtype=np.int64), st.inputs)
-        return st.keys[:full]
+            keys = self.keyer.keys(np.asarray(ids, dtype=np.int64), st.inputs)
+            with self._keys_lock:  # vLLM's thread and the preloader both key requests
+                if len(keys) > len(st.keys):
+                    st.keys = keys
+        return keys[:full]
 
     def _usable(self, keys: list[bytes]) -> list[bytes]:
         """``keys`` up to the first one whose load failed lately (it is not offered again)."""
@@ -619,9 +617,7 @@ class SchedulerSide:
             self._preloader.join(timeout=5)
         if self._lookups is not None:
             self._lookups.shutdown(wait=True, cancel_futures=True)
-        self.cache.close()
-        for tier in self.cache.tiers:
-            tier.close()
+        close_cache(self.cache)
         if self._records is not None:
             self._records.close()
 

@@ -32,7 +32,7 @@ from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
-from kvtier.engines.vllm.open_tiers import open_cache
+from kvtier.engines.vllm.open_tiers import close_cache, open_cache
 from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError
@@ -74,7 +74,7 @@ class WorkerSide:
         self.config = config
         self.geometry = geometry
         self.chunk = config.chunk_tokens
-        self.blocks_per_chunk = self.chunk // geometry.block_size
+        self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
         self.names = self.cache.names
@@ -300,9 +300,7 @@ class WorkerSide:
         """Finish loads and queued stores, close the tiers."""
         self._pool.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
-        self.cache.close()
-        for tier in self.cache.tiers:
-            tier.close()
+        close_cache(self.cache)
 
 
 __all__ = ["WorkerSide", "layer_order"]

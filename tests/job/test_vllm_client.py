@@ -1,5 +1,5 @@
-"""The vLLM job's client without a server: stream chunks into a completion, prompt hashes as
-the connector's records write them."""
+"""The vLLM job's client: stream chunks into a completion, prompt hashes as the connector's
+records write them, and what it says when a server (a real one on loopback) fails."""
 
 from __future__ import annotations
 
@@ -71,34 +71,83 @@ def test_a_line_fed_is_timed_when_it_arrives():
     assert c.output_ids == [9, 8] and 0 < c.ttft_s < 1e12
 
 
-def _complete(handler) -> object:
+class _Canned:
+    """A real HTTP server on loopback answering every POST with one canned reply (status,
+    body), or closing the connection unanswered (status 0): what the client reads off a vLLM
+    server that streams, fails or breaks."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        canned = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, body = canned.reply
+                if status == 0:
+                    self.close_connection = True
+                    return
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.reply = (200, "")
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def complete(self, status: int, body: str = "") -> object:
+        import asyncio
+
+        import httpx
+
+        from kvtier.job.vllm_client import complete
+
+        self.reply = (status, body)
+
+        async def go():
+            async with httpx.AsyncClient() as client:
+                return await complete(client, self.url, "m", [1, 2, 3], 2)
+
+        return asyncio.run(go())
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_complete_streams_through_the_client_and_says_what_failed():
+    from kvtier.specs.host import free_port
+
+    server = _Canned()
+    try:
+        lines = 'data: {"choices": [{"token_ids": [4]}]}\n\ndata: [DONE]\n\n'
+        c = server.complete(200, lines)
+        assert c.output_ids == [4] and c.prompt_tokens == 3
+        with pytest.raises(RequestError, match="HTTP 500: down"):
+            server.complete(500, "down")
+        with pytest.raises(RequestError, match=f"{server.url} sent a broken stream"):
+            server.complete(200, "data: {not json\n\n")
+    finally:
+        server.close()
     import asyncio
 
     import httpx
 
     from kvtier.job.vllm_client import complete
 
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await complete(client, "http://vllm", "m", [1, 2, 3], 2)
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens: the connection is refused
 
-    return asyncio.run(go())
+    async def refused():
+        async with httpx.AsyncClient() as client:
+            return await complete(client, nobody, "m", [1, 2, 3], 2)
 
-
-def test_complete_streams_through_the_client_and_says_what_failed():
-    import httpx
-
-    lines = 'data: {"choices": [{"token_ids": [4]}]}\n\ndata: [DONE]\n\n'
-    c = _complete(lambda request: httpx.Response(200, text=lines))
-    assert c.output_ids == [4] and c.prompt_tokens == 3
-    with pytest.raises(RequestError, match="HTTP 500: down"):
-        _complete(lambda request: httpx.Response(500, text="down"))
-    with pytest.raises(RequestError, match="http://vllm sent a broken stream"):
-        _complete(lambda request: httpx.Response(200, text="data: {not json\n\n"))
-
-    def refuse(request):
-        raise httpx.ConnectError("refused")
-
-    with pytest.raises(RequestError, match="request to http://vllm failed") as caught:
-        _complete(refuse)
+    with pytest.raises(RequestError, match=f"request to {nobody} failed") as caught:
+        asyncio.run(refused())
     assert caught.value.__suppress_context__

@@ -11,7 +11,6 @@ from kvtier.job.report import (
     attribute_dict,
     format_seconds,
     jsonable,
-    load_average,
     median,
     percentile,
     report_json,
@@ -57,9 +56,3 @@ def test_seconds_print_as_milliseconds_below_one_second():
     assert format_seconds(0.01234, ms_digits=0) == "12 ms"
     assert format_seconds(-0.5) == "-500.0 ms"
     assert format_seconds(1.0) == "1.00 s" and format_seconds(-2.345) == "-2.35 s"
-
-
-def test_load_average_is_three_rounded_figures():
-    loads = load_average()
-    assert len(loads) in (0, 3)
-    assert all(x >= 0 and round(x, 2) == x for x in loads)

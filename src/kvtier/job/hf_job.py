@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvtier.bench.env import load_average
 from kvtier.cache.hints import ReuseHints
 from kvtier.cost.online import RefinedCompute
 from kvtier.engines.profile import (
@@ -33,7 +34,6 @@ from kvtier.errors import ConfigError
 from kvtier.job.decision import LoggedDecision, QueueProbe, decision_entry, judge
 from kvtier.job.hf_report import RequestResult, RunReport
 from kvtier.job.progress import Progress, quiet
-from kvtier.job.report import load_average
 from kvtier.policy.reuse import REUSE_PRIORS, HintedAdmission, chunk_values
 from kvtier.workloads.sessions import WorkloadSpec, build_sessions, interleave
 

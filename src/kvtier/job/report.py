@@ -1,5 +1,5 @@
 """What the reports of both jobs share: their JSON document, the statistics their summaries take,
-the seconds their tables print, and the machine's load they record.
+and the seconds their tables print.
 
 The engine-specific modules (:mod:`kvtier.job.hf_report`, :mod:`kvtier.job.vllm_report`) hold
 the records each job measures and the figures derived from them; the pieces that make a JSON
@@ -9,7 +9,6 @@ document or a table cell out of those figures live here, so both reports write t
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -55,19 +54,10 @@ def format_seconds(x: float | None, ms_digits: int = 1) -> str:
     return f"{x * 1e3:.{ms_digits}f} ms" if abs(x) < 1 else f"{x:.2f} s"
 
 
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages a report records (empty where unknown)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
 __all__ = [
     "attribute_dict",
     "format_seconds",
     "jsonable",
-    "load_average",
     "median",
     "percentile",
     "report_json",

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from kvtier.bench.env import load_average
 from kvtier.engines.embedded import embedded_model_folder
 from kvtier.engines.vllm.dtype import engine_dtype, short_name
 from kvtier.engines.vllm.records import read_records
@@ -43,7 +44,6 @@ from kvtier.harness.vllm_server import (
     min_pool_blocks,
 )
 from kvtier.job.progress import Progress, quiet
-from kvtier.job.report import load_average
 from kvtier.job.vllm_client import (
     RequestError,
     complete,

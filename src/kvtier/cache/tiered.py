@@ -256,6 +256,13 @@ class TieredCache(contextlib.AbstractContextManager):
         self.metrics.record_store(len(keys))
         return self._writes.store(keys, payloads, meta, copy, values)
 
+    def discard(self, keys: Sequence[bytes], tier: int | None = None) -> None:
+        """Queue the deletion of ``keys`` from tier ``tier`` (every tier by default): blocks no
+        longer worth keeping."""
+        for t in range(len(self._tiers)) if tier is None else (tier,):
+            for key in keys:
+                self._writes.discard(t, key)
+
     def _discard(self, t: int, key: bytes) -> None:
         self._writes.discard(t, key)
 

@@ -7,20 +7,22 @@ The spec (JSON) says how to build the engine and what to do::
     {"connector": {...kv_connector_extra_config...} | null,
      "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
      "start_when": "/tmp/go", "run_when": "/tmp/turn",
-     "lora_rank": 8, "prompt_embeds": true,
+     "lora_rank": 8, "prompt_embeds": true, "tp": 3,
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
                {"prompts": [...], "lora": {"name": "A", "id": 1, "path": "/dir"},
                 "cache_salt": "tenant-a", "embeds": true},
-               {"corrupt": "/dir/**/*.kv"}, {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
+               {"corrupt": "/dir/**/*.kv"}, {"corrupt_writer": "/dir/**/*.slab"},
+               {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
 ``lora_rank`` enables LoRA adapters up to that rank, ``prompt_embeds`` prompts given as
-embeddings. A prompt step may name a LoRA adapter (``lora``), a ``cache_salt``, or give its
-prompts as embeddings (``embeds``: each token id's row of the model's own embedding table, so the
-model sees what the ids would give it). Prompt steps run their prompts as one batch (so they
-run concurrently and can preempt each other in a small pool); the other steps damage tiers
-between prompts (flip bytes in files, delete files, replace a tier's directory with a file),
-synchronise with another process, or pause
+embeddings, ``tp`` tensor parallelism (one worker process per rank). A prompt step may name a
+LoRA adapter (``lora``), a ``cache_salt``, or give its prompts as embeddings (``embeds``: each
+token id's row of the model's own embedding table, so the model sees what the ids would give
+it). Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
+other in a small pool); the other steps damage tiers between prompts (flip bytes in files, or in
+the slab files of one writer process only, i.e. one rank's parts with tensor parallelism; delete
+files; replace a tier's directory with a file), synchronise with another process, or pause
 (``sleep``: seconds, e.g. for the connector's writer threads to finish a promotion).
 ``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
 ``run_when`` the first step (engines start up together, then compute one at a time).
@@ -43,18 +45,27 @@ from pathlib import Path
 from kvtier.harness.processes import end_process_group
 
 
+def _corrupt(paths: list[str]) -> None:
+    for path in paths:
+        size = os.path.getsize(path)
+        if size < 8192:
+            continue
+        with open(path, "r+b") as f:  # flip bytes in the payload, past the header page
+            for at in range(4096 + 512, size, 1 << 16):
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\xff")
+
+
 def _damage(step: dict) -> None:
     if "corrupt" in step:
-        for path in sorted(glob.glob(step["corrupt"], recursive=True)):
-            size = os.path.getsize(path)
-            if size < 8192:
-                continue
-            with open(path, "r+b") as f:  # flip bytes in the payload, past the header page
-                for at in range(4096 + 512, size, 1 << 16):
-                    f.seek(at)
-                    byte = f.read(1)
-                    f.seek(at)
-                    f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\xff")
+        _corrupt(sorted(glob.glob(step["corrupt"], recursive=True)))
+    if "corrupt_writer" in step:  # slab files are named WRITER-SIZE.slab: one writer's only
+        paths = sorted(glob.glob(step["corrupt_writer"], recursive=True))
+        writers = sorted({Path(p).name.split("-")[0] for p in paths})
+        if writers:
+            _corrupt([p for p in paths if Path(p).name.split("-")[0] == writers[0]])
     if "delete" in step:
         for path in glob.glob(step["delete"], recursive=True):
             os.unlink(path)
@@ -161,6 +172,8 @@ def main(argv: list[str]) -> int:
         kw["enable_prompt_embeds"] = True
     if spec.get("blocks"):
         kw["num_gpu_blocks_override"] = int(spec["blocks"])
+    if int(spec.get("tp", 1)) > 1:
+        kw["tensor_parallel_size"] = int(spec["tp"])
     llm = LLM(
         model=str(folder),
         dtype=engine_dtype(spec.get("dtype", "auto")),

@@ -30,7 +30,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 )
 
 from kvtier.engines.vllm.config import ConnectorConfig  # noqa: E402
-from kvtier.engines.vllm.identity import engine_geometry, engine_namespace  # noqa: E402
+from kvtier.engines.vllm.identity import (  # noqa: E402
+    engine_geometry,
+    engine_namespace,
+    worker_rank,
+)
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta  # noqa: E402
 from kvtier.engines.vllm.scheduler import SchedulerSide  # noqa: E402
 from kvtier.engines.vllm.stats import KVTierPromMetrics, KVTierStats  # noqa: E402
@@ -57,7 +61,8 @@ class KVTierConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(config, namespace, geometry)
         else:
             longest = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
-            self._worker = WorkerSide(config, namespace, geometry, warm_tokens=longest)
+            rank = worker_rank(geometry)
+            self._worker = WorkerSide(config, namespace, geometry, longest, rank)
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -24,7 +24,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 @dataclass(frozen=True)
 class EngineGeometry:
-    """What the connector needs to know of the engine's KV."""
+    """What the connector needs to know of the engine's KV (``kv_heads``: one rank's)."""
 
     layers: int
     kv_heads: int
@@ -33,6 +33,7 @@ class EngineGeometry:
     dtype: str  # torch dtype name, e.g. "bfloat16"
     itemsize: int
     layout: str
+    tp_size: int = 1
 
     def blocks_per_chunk(self, chunk_tokens: int) -> int:
         """vLLM blocks in one chunk of ``chunk_tokens`` tokens (a whole number of them)."""
@@ -44,7 +45,7 @@ class EngineGeometry:
         return chunk_tokens // self.block_size
 
     def chunk_bytes(self, chunk_tokens: int) -> int:
-        """Bytes of one chunk of ``chunk_tokens`` tokens, every layer, K and V."""
+        """Bytes of one rank's part of a chunk of ``chunk_tokens`` tokens, every layer, K and V."""
         return self.layers * 2 * self.kv_heads * self.head_dim * self.itemsize * chunk_tokens
 
 
@@ -80,9 +81,16 @@ def engine_geometry(vllm_config: Any) -> EngineGeometry:
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
     cache = vllm_config.cache_config
-    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+    if parallel.pipeline_parallel_size != 1:
         raise ConfigError(
-            "kvtier's vLLM connector supports one worker (tensor and pipeline parallel size 1)"
+            "kvtier's vLLM connector supports tensor parallelism, not pipeline parallelism "
+            f"(pipeline_parallel_size={parallel.pipeline_parallel_size})"
+        )
+    dcp = int(getattr(parallel, "decode_context_parallel_size", 1) or 1)
+    if dcp != 1:
+        raise ConfigError(
+            f"kvtier's vLLM connector does not split KV by context (decode_context_parallel_size"
+            f"={dcp})"
         )
     dtype = model.dtype
     head = model.get_head_size()
@@ -103,7 +111,18 @@ def engine_geometry(vllm_config: Any) -> EngineGeometry:
         dtype=name,
         itemsize=dtype.itemsize,
         layout=f"vllm-cpu-{isa}-block{block_size}",
+        tp_size=int(parallel.tensor_parallel_size),
     )
+
+
+def worker_rank(geometry: EngineGeometry) -> int:
+    """This worker's tensor-parallel rank (called in a worker process, after vLLM set up its
+    process groups; 0 without tensor parallelism)."""
+    if geometry.tp_size == 1:
+        return 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
 
 
 def engine_namespace(
@@ -113,7 +132,8 @@ def engine_namespace(
     fingerprint: str | None = None,
     tenant: str = "",
 ) -> Namespace:
-    """The namespace of the KV this engine computes."""
+    """The namespace of the KV this engine computes (every rank's: a rank's parts are keyed
+    apart by :class:`~kvtier.engines.vllm.shards.Shards`)."""
     folder = str(vllm_config.model_config.model)
     return Namespace(
         model_id=model_id or Path(folder).name or folder,
@@ -123,8 +143,15 @@ def engine_namespace(
         kv_heads=geometry.kv_heads,
         head_dim=geometry.head_dim,
         layout=geometry.layout,
+        tp_size=geometry.tp_size,
         tenant=tenant,
     )
 
 
-__all__ = ["EngineGeometry", "attention_isa", "engine_geometry", "engine_namespace"]
+__all__ = [
+    "EngineGeometry",
+    "attention_isa",
+    "engine_geometry",
+    "engine_namespace",
+    "worker_rank",
+]

@@ -66,11 +66,14 @@ class StoreJob:
 
 @dataclass
 class KVTierMetadata(KVConnectorMetadata):
-    """One step's loads and stores, built by the scheduler side."""
+    """One step's loads and stores, built by the scheduler side; ``discards``: (chunk key, tier
+    name) of chunks some rank lost its part of in that tier (evicted; ``""``: in every tier, a
+    part a lookup found missing), whose parts every rank deletes from the same tier."""
 
     loads: list[LoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
     prefill: tuple[int, int] | None = None  # (new, cached) when one request prefills alone
+    discards: list[tuple[bytes, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -79,12 +82,15 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     it: loads finished inside the step (``synced``: request id, seconds), and measurements for
     the cost model (``prefills``: new tokens, cached tokens, forward seconds; ``loads``: tier,
     bytes, seconds, chunks), and whether blocks landed in or left its tiers since its last
-    report (``changed``: what a lookup answers may have changed)."""
+    report (``changed``: what a lookup answers may have changed), and the chunks whose part a
+    tier evicted (``evicted``: chunk key, tier name; with tensor parallelism the other ranks'
+    parts leave that tier too)."""
 
     synced: list[tuple[str, float]] = field(default_factory=list)
     prefills: list[tuple[int, int, float]] = field(default_factory=list)
     loads: list[tuple[str, int, float, int]] = field(default_factory=list)
     changed: bool = False
+    evicted: list[tuple[bytes, str]] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
         """Both workers' reports of one step, as one."""
@@ -95,10 +101,11 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
             self.prefills + other.prefills,
             self.loads + other.loads,
             self.changed or other.changed,
+            self.evicted + other.evicted,
         )
 
     def __bool__(self) -> bool:
-        return bool(self.synced or self.prefills or self.loads or self.changed)
+        return bool(self.synced or self.prefills or self.loads or self.changed or self.evicted)
 
 
 __all__ = ["ChunkLoad", "KVTierMetadata", "KVTierWorkerMeta", "LoadJob", "StoreJob"]

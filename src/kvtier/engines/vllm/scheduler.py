@@ -13,7 +13,10 @@ workload without reuse pays almost nothing for the cache). It never moves KV its
 preloading: from the moment a request is queued, its chunks on slower tiers are copied up into
 the first tier (in arrival order, within ``preload_bytes`` in flight, once it has waited
 ``PRELOAD_AFTER_S``), and a request whose KV is being moved when its turn comes is held back
-(up to ``preload_wait_s``) while vLLM schedules others.
+(up to ``preload_wait_s``) while vLLM schedules others. With tensor parallelism a chunk is one
+part per rank (:class:`~kvtier.engines.vllm.shards.Shards`): a lookup asks for every part at
+once and counts a chunk only when all are there, and a chunk some rank lost its part of (a tier
+evicted it, or a lookup found it missing) has the others' parts deleted from the same tier.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from kvtier.engines.vllm.metadata import (
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
 from kvtier.engines.vllm.records import RecordWriter, prompt_hash
 from kvtier.engines.vllm.request_keys import AdapterIdentities, UnkeyableRequest, key_inputs
+from kvtier.engines.vllm.shards import PartBook, Shards
 from kvtier.engines.vllm.stats import ConnectorCounters
 from kvtier.keys import PLAIN, ChunkKeyer, KeyInputs, Namespace
 from kvtier.policy.store_admission import StoreAdmission
@@ -156,6 +160,7 @@ class SchedulerSide:
         self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.keyer = ChunkKeyer(namespace, self.chunk)
+        self.shards = Shards(namespace)
         self._adapters = AdapterIdentities()
         self._unkeyable_seen: set[str] = set()  # reasons already logged at warning level
         # grows with every change to the tiers this half's cache does not see: a step that hands
@@ -181,6 +186,10 @@ class SchedulerSide:
         self._preload_queue: deque[str] = deque()
         self._preload_wake = threading.Condition(self._lock)
         self._preload_in_flight = 0
+        self._discards: list[tuple[bytes, str]] = []  # (chunk, tier) to delete every part of
+        self._promoted = PartBook()  # the chunks of the parts it preloaded
+        if self.shards.size > 1:
+            self.cache.add_eviction_listener(self._on_evicted)
         self._closed = False
         self._preloader: threading.Thread | None = None
         if config.preload:
@@ -328,7 +337,7 @@ class SchedulerSide:
             self.counters.add("remembered_lookups")
             return memo.found
         if self._lookups is None:
-            st.looked = _Looked(asked, self.cache.lookup(keys[local:]))
+            st.looked = _Looked(asked, self._look(keys[local:]))
             return st.looked.found
         pending = st.pending
         if pending is not None and pending.asked.same_chunks(asked):
@@ -338,8 +347,25 @@ class SchedulerSide:
             # the answer as of when it was asked (raises what the lookup raised: a miss above)
             st.looked = _Looked(pending.asked, pending.future.result())
             return st.looked.found
-        st.pending = _Pending(asked, self._lookups.submit(self.cache.lookup, keys[local:]))
+        st.pending = _Pending(asked, self._lookups.submit(self._look, keys[local:]))
         return None
+
+    def _look(self, keys: list[bytes]) -> LookupResult:
+        """The tiers' answer for ``keys`` in chunks: every rank's part asked in one lookup, a
+        chunk found only where all its parts are; a chunk found in part is queued for discard."""
+        found = self.cache.lookup(self.shards.every_part(keys))
+        partial = self.shards.partial(found)
+        if partial is not None:
+            with self._lock:
+                self._discards.append((keys[partial], ""))
+        return self.shards.whole(found)
+
+    def _on_evicted(self, tier: str, part: bytes) -> None:
+        """This half's tier evicted a part it preloaded: every part leaves that tier."""
+        key = self._promoted.chunk(part)
+        if key is not None:
+            with self._lock:
+                self._discards.append((key, tier))
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """vLLM allocated the request's blocks: plan the load into them."""
@@ -386,7 +412,12 @@ class SchedulerSide:
         """This step's loads (just allocated) and stores (chunks the step completes)."""
         with self._lock:
             loads, self._loads = self._loads, []
-        meta = KVTierMetadata(loads=loads)
+            discards, self._discards = self._discards, []
+        meta = KVTierMetadata(loads=loads, discards=discards)
+        for key, tier in discards:  # this half's own copies (its preloads) go too
+            where = self.names.index(tier) if tier in self.names else None
+            if not tier or where is not None:
+                self.cache.discard(self.shards.every_part([key]), where)
         scheduled = scheduler_output.num_scheduled_tokens
         computed: dict[str, int] = {}  # tokens each scheduled request had before this step
         for new in scheduler_output.scheduled_new_reqs:
@@ -467,6 +498,9 @@ class SchedulerSide:
             self.costs.observe_load(tier, nbytes, seconds, chunks)
         if report.changed:
             self._changes_elsewhere += 1  # blocks landed in (or left) the worker's tiers
+        if report.evicted and self.shards.size > 1:  # every rank drops its part there too
+            with self._lock:
+                self._discards.extend(dict.fromkeys(report.evicted))
 
     def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
         assert st.load is not None
@@ -586,7 +620,7 @@ class SchedulerSide:
         keys = self._keys(st, st.request.num_tokens)
         if not keys:
             return
-        found = self.cache.lookup(keys)
+        found = self._look(keys)
         slow = [i for i, t in enumerate(found.tiers) if t > 0]
         if not slow:
             return
@@ -604,9 +638,13 @@ class SchedulerSide:
             self._preload_in_flight += need
             st.preload_bytes = need
             st.move(Preload.MOVING)  # from here on vLLM holds the request back (up to a bound)
-        result = self.cache.prefetch(keys[: found.hit_chunks]).result()
-        st.preloaded = result.promoted
-        self.counters.add("preloaded_chunks", result.promoted)
+        hit = keys[: found.hit_chunks]
+        parts = self.shards.every_part(hit)
+        if self.shards.size > 1:
+            self._promoted.remember(parts, [k for k in hit for _ in range(self.shards.size)])
+        result = self.cache.prefetch(parts).result()
+        st.preloaded = result.promoted // self.shards.size
+        self.counters.add("preloaded_chunks", st.preloaded)
 
     def close(self) -> None:
         """Stop preloading and close the tiers."""

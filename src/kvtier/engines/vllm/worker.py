@@ -10,7 +10,9 @@ their request) and handed to kvtier's writer threads, which store them without h
 engine; a full write queue drops chunks and counts them.
 
 The worker also times each forward and each load and sends them to the scheduler side, whose
-cost model learns from them.
+cost model learns from them. With tensor parallelism each rank's worker moves its own part of
+every chunk (its heads), under the part's own key (:class:`~kvtier.engines.vllm.shards.Shards`),
+and reports the chunks whose part its tiers evicted, so that the other ranks drop theirs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
 from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
+from kvtier.engines.vllm.shards import PartBook, Shards
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
@@ -68,11 +71,16 @@ class WorkerSide:
         namespace: Namespace,
         geometry: EngineGeometry,
         warm_tokens: int = 0,
+        rank: int = 0,
     ):
         """``warm_tokens``: the longest request the engine takes; staging for a load that long is
-        mapped and faulted in when the caches are registered, not during the first load."""
+        mapped and faulted in when the caches are registered, not during the first load.
+        ``rank``: this worker's tensor-parallel rank (its part of each chunk)."""
         self.config = config
         self.geometry = geometry
+        self.rank = rank
+        self.shards = Shards(namespace)
+        self.lead = rank == 0  # counts what is per chunk or per token, not per part
         self.chunk = config.chunk_tokens
         self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
@@ -94,6 +102,9 @@ class WorkerSide:
         self._bound_at = 0.0
         self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
         self._meta_now: KVTierMetadata | None = None
+        self._parts_of = PartBook()  # the chunks of the parts it stored or loaded
+        if self.shards.size > 1:
+            self.cache.add_eviction_listener(self._on_evicted)
 
     # --- set-up -------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -130,9 +141,14 @@ class WorkerSide:
         meta = self._meta_now
         if meta is None:
             return
+        for key, tier in meta.discards:  # another rank lost its part there: this one is useless
+            where = self.names.index(tier) if tier in self.names else None
+            if tier and where is None:
+                continue
+            self.cache.discard([self.shards.key(key, self.rank)], where)
         # Every chunk of the step's loads is pinned first, so that neither the chunks this
         # worker stores meanwhile nor the promotions of another load evict one before it is read.
-        pins = [self.cache.pin([c.key for c in job.chunks], LOAD_PIN_S) for job in meta.loads]
+        pins = [self.cache.pin(self._parts(job), LOAD_PIN_S) for job in meta.loads]
         for job, pin in zip(meta.loads, pins, strict=True):
             if job.sync:  # before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
@@ -177,8 +193,12 @@ class WorkerSide:
             for buf in taken:  # kept mapped and faulted in for the next load
                 self._staging.give(buf)
 
+    def _parts(self, job: LoadJob) -> list[bytes]:
+        """The keys of this rank's parts of a load's chunks."""
+        return self.shards.keys([c.key for c in job.chunks], self.rank)
+
     def _load_into(self, job: LoadJob, layout: PagedLayout, bufs: list[np.ndarray]) -> list[int]:
-        keys = [c.key for c in job.chunks]
+        keys = self._parts(job)
         began = time.perf_counter()
         try:
             result = self.cache.load(keys, bufs)
@@ -188,6 +208,8 @@ class WorkerSide:
             loaded = 0
             result = None
         read_s = time.perf_counter() - began
+        if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
+            self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
         for chunk, buf in zip(job.chunks[:loaded], bufs, strict=False):
             scatter_part(
                 layout, self._caches, buf, self.blocks_per_chunk, chunk.skip, chunk.block_ids
@@ -204,7 +226,9 @@ class WorkerSide:
                 tokens = sum(
                     len(c.block_ids) for c, tt in zip(job.chunks, tiers, strict=False) if tt == t
                 )
-                self.counters.add("tier_hit_tokens", tokens * self.geometry.block_size, tier=name)
+                if self.lead:
+                    bs = self.geometry.block_size
+                    self.counters.add("tier_hit_tokens", tokens * bs, tier=name)
                 with self._lock:
                     self._report.loads.append((name, nbytes, share, n))
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
@@ -239,7 +263,7 @@ class WorkerSide:
     def wait_for_save(self) -> None:
         """Time the step's forward; copy out the chunks it completed and queue them."""
         meta = self._meta_now
-        if meta is not None and meta.prefill is not None:
+        if meta is not None and meta.prefill is not None and self.lead:
             # bind → here spans the forward, with any synchronous loads before it taken out
             forward_s = time.perf_counter() - self._bound_at - self._sync_s
             new, cached = meta.prefill
@@ -255,11 +279,22 @@ class WorkerSide:
                 buf = np.empty(self.chunk_bytes, dtype=np.uint8)
                 gather_blocks(layout, self._caches, block_ids, buf)
                 bufs.append(buf)
-            taken = self.cache.store(list(job.keys), bufs, meta=self._meta, copy=False)
-            self.counters.add("stored_chunks", taken)
-            if taken < len(job.keys):
+            parts = self.shards.keys(job.keys, self.rank)
+            taken = self.cache.store(parts, bufs, meta=self._meta, copy=False)
+            if self.shards.size > 1:
+                self._parts_of.remember(parts, job.keys)
+            if self.lead:
+                self.counters.add("stored_chunks", taken)
+            if taken < len(job.keys):  # any rank's dropped part drops the chunk
                 self.counters.add("dropped_chunks", len(job.keys) - taken)
         self.counters.add("store_seconds", time.perf_counter() - began)
+
+    def _on_evicted(self, tier: str, part: bytes) -> None:
+        """A tier evicted one of this rank's parts: the chunk is gone from it for every rank."""
+        key = self._parts_of.chunk(part)
+        if key is not None:
+            with self._lock:
+                self._report.evicted.append((key, tier))
 
     def get_finished(self) -> set[str]:
         """Requests whose load finished (their failed blocks go to :meth:`take_errors`)."""

@@ -1,0 +1,91 @@
+"""kvtier's connector in a real vLLM engine at tensor-parallel size 3 (one worker per KV head).
+
+Two engines, one after the other, on one disk tier: ``first`` computes and stores two prompts,
+then computes each again from vLLM's own prefix cache (the reference: the same cached/computed
+split a load from kvtier gives); ``restart`` finds nothing in vLLM's cache and loads both from
+kvtier's disk tier. A rank that failed to read its part would report its blocks as load errors,
+so a load counted whole with no failed block was read by every rank. Then one writer's slab
+files (one rank's parts) are corrupted: that rank's part fails, the whole chunk is recomputed
+on every rank, and the tokens stay the same.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kvtier.engines.vllm.records import read_records
+from kvtier.harness.vllm_probe import Probe
+
+TOKENS = 16
+pytestmark = pytest.mark.timeout(1200)
+
+#: Three worker processes on this machine's cores: one OpenMP thread each.
+TP_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+@pytest.fixture(scope="module")
+def tp_runs(text_tokens, tmp_path_factory):
+    work = tmp_path_factory.mktemp("tp3")
+    t = text_tokens
+    prompts = {"P": t[0:1100], "Q": t[3000:3600]}
+    disk = work / "disk"
+    shm = [Path(f"/dev/shm/kvtier-tp-{uuid.uuid4().hex[:8]}-{i}") for i in range(2)]
+
+    def spec(i: int, steps: list[dict]) -> dict:
+        return {
+            "connector": {
+                "tiers": [f"slab://{shm[i]}?size=96MiB", f"slab://{disk}?size=512MiB"],
+                "records": str(work / f"records{i}.jsonl"),
+            },
+            "tp": 3,
+            "prefix_caching": True,
+            "max_model_len": 2048,
+            "steps": steps,
+        }
+
+    P, Q = prompts["P"], prompts["Q"]
+    once = [{"prompts": [p], "max_tokens": TOKENS} for p in (P, P, Q, Q)]
+    try:
+        first = Probe(spec(0, once), work, "first", env=TP_ENV).result(600)
+        shutil.rmtree(shm[0], ignore_errors=True)
+        steps = [
+            {"prompts": [P], "max_tokens": TOKENS},
+            {"corrupt_writer": f"{disk}/**/*.slab"},
+            {"prompts": [Q], "max_tokens": TOKENS},
+        ]
+        restart = Probe(spec(1, steps), work, "restart", env=TP_ENV).result(600)
+    finally:
+        for d in shm:
+            shutil.rmtree(d, ignore_errors=True)
+    return {
+        "first": first,
+        "restart": restart,
+        "records": [read_records(work / f"records{i}.jsonl") for i in range(2)],
+        "prompts": prompts,
+    }
+
+
+def _record(records: list[dict], prompt: list[int]) -> dict:
+    from kvtier.engines.vllm.records import prompt_hash
+
+    (rec,) = [r for r in records if r["prompt_hash"] == prompt_hash(prompt)]
+    return rec
+
+
+def test_a_restarted_tp3_engine_loads_every_ranks_part_and_gives_the_same_tokens(tp_runs):
+    first, restart = tp_runs["first"], tp_runs["restart"]
+    assert restart[0]["tokens"] == first[1]["tokens"]  # loaded from kvtier = vLLM's own cache
+    rec = _record(tp_runs["records"][1], tp_runs["prompts"]["P"])
+    assert rec["loaded_tokens"] == 1024 and rec["failed_blocks"] == 0
+    assert rec["local_hit_tokens"] == 0
+
+
+def test_one_ranks_corrupt_parts_are_recomputed_on_every_rank_with_the_same_tokens(tp_runs):
+    first, restart = tp_runs["first"], tp_runs["restart"]
+    rec = _record(tp_runs["records"][1], tp_runs["prompts"]["Q"])
+    assert rec["failed_blocks"] > 0 and rec["loaded_tokens"] < 512
+    assert restart[2]["tokens"] == first[3]["tokens"]

@@ -47,6 +47,27 @@ def test_a_sweep_gives_a_row_per_value_and_the_memory_wall_plot(monkeypatch, cap
     assert (tmp_path / "sweep-dram.png").stat().st_size > 0
 
 
+def test_two_sweeps_draw_each_routing_against_the_replicas(monkeypatch, capsys, tmp_path):
+    code, out, err = kvtier(
+        monkeypatch, capsys, "simulate", "--trace", str(MOONCAKE), "--sweep", "replicas=1,4",
+        "--sweep", "routing=round-robin,prefix,tier", "--json", "--plot", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["sweep"], doc["series"]) == ("replicas", "routing")
+    rows = doc["rows"]
+    assert [(r["replicas"], r["routing"]) for r in rows] == [
+        (n, p) for n in ("1", "4") for p in ("round-robin", "prefix", "tier")
+    ]
+    for r in rows:
+        assert r["hit_share"] == pytest.approx(sum(r["hit_rate"].values()))
+    one = [r for r in rows if r["replicas"] == "1"]
+    assert len({json.dumps(r["hit_rate"], sort_keys=True) for r in one}) == 1  # one engine
+    by = {(r["replicas"], r["routing"]): r for r in rows}
+    assert by["4", "prefix"]["hit_share"] > by["4", "round-robin"]["hit_share"]
+    assert (tmp_path / "sweep-replicas-routing.png").stat().st_size > 0
+
+
 def test_a_run_report_replays_beside_what_it_measured(monkeypatch, capsys):
     code, out, err = kvtier(
         monkeypatch, capsys, "simulate", "--calibration", str(RUN), "--trace", str(RUN),
@@ -67,6 +88,12 @@ def test_a_run_report_replays_beside_what_it_measured(monkeypatch, capsys):
         (["--gpu", "h999"], "unknown GPU"),
         (["--sweep", "colour=red"], "cannot sweep"),
         (["--sweep", "concurrency"], "NAME=V1"),
+        (["--routing", "nearest"], "session, least-loaded, round-robin, prefix, tier"),
+        (["--sweep", "routing=session,nearest"], "not 'nearest'"),
+        (["--sweep", "replicas=two"], "'two' is not a number"),
+        (["--sweep", "replicas=0"], "at least 1"),
+        (["--sweep", "replicas=1", "--sweep", "replicas=2"], "swept twice"),
+        (["--sweep", "replicas=1", "--sweep", "routing=tier", "--sweep", "dram=0"], "or two"),
         (["--concurrency", "0"], "at least 1"),
         (["--dram", "lots"], "--dram"),
         (["--preemption", "swap"], "recompute, offload or auto"),

@@ -47,3 +47,20 @@ def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits():
     chunked = simulate(config(engine=engine(blocks=40, reserve_full_prompt=False)), [first, second])
     assert full.records[1].queue_wait_s > 0 and full.summary["preemptions"] == 0
     assert chunked.summary["preemptions"] >= 1  # admitted on its first chunk, blocks ran out
+
+
+def test_two_asynchronous_loads_never_hold_the_blocks_each_other_needs():
+    # 16 blocks; two 10-block prompts whose first 8 blocks (4 chunks) kvtier holds: the first
+    # load takes 8 blocks, the second would take the 8 the first still needs
+    from .helpers import dram, kvtier
+
+    ids = {t: [f"{t}{i}" for i in range(10)] for t in "xy"}
+    reqs = [
+        request(0.0, 10 * BLOCK, out=2, ids=ids["x"]),
+        request(0.5, 10 * BLOCK, out=2, ids=ids["y"]),
+    ]
+    reqs += [request(1.0, 10 * BLOCK, out=2, ids=ids[t][:8] + [f"{t}-again"] * 2) for t in "xy"]
+    tiers = kvtier(dram(), admit="always", sync_first=False)
+    result = simulate(config(engine=engine(blocks=16, prefix_caching=False), kvtier=tiers), reqs)
+    assert result.summary["finished"] == 4
+    assert [r.hit_tokens for r in result.records[2:]] == [{"dram": 8 * BLOCK}] * 2

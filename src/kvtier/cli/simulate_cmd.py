@@ -123,7 +123,14 @@ def simulate_command(
     concurrency: Annotated[
         int | None, typer.Option(help="Client requests in flight at most (default: open loop).")
     ] = None,
-    routing: Annotated[str, typer.Option(help="session, least-loaded or round-robin.")] = "session",
+    routing: Annotated[
+        str,
+        typer.Option(
+            help="Which replica a request goes to: session, least-loaded, round-robin, prefix "
+            "(the longest prefix in an engine's own cache) or tier (the least time to get its "
+            "KV there: engine, kvtier's tiers, shared tier, recompute, plus the queue)."
+        ),
+    ] = "session",
     kvtier: Annotated[
         bool, typer.Option("--kvtier/--no-kvtier", help="kvtier's tiers below the engine.")
     ] = True,
@@ -142,10 +149,12 @@ def simulate_command(
     slo_ttft: Annotated[float, typer.Option(help="Goodput SLO: TTFT seconds.")] = 2.0,
     slo_tpot: Annotated[float, typer.Option(help="Goodput SLO: seconds per output token.")] = 0.1,
     sweep: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             help="NAME=V1,V2,…: concurrency, rate, dram, nvme, link (bandwidth), context "
-            "(prompt scale), preemption, eviction — the memory-wall table and plot."
+            "(prompt scale), preemption, eviction, replicas, routing — the memory-wall table "
+            "and plot. Twice: every combination, the second's values drawn as series (e.g. "
+            "--sweep replicas=4,16,64 --sweep routing=session,prefix,tier)."
         ),
     ] = None,
     compare: Annotated[
@@ -179,10 +188,10 @@ def simulate_command(
         from kvtier.tiers.paths import usable_directory
 
         usable_directory(plot, "--plot", keep=True)
-    spec = setup.parse_sweep(sweep) if sweep else None
+    specs = setup.parse_sweeps(sweep) if sweep else ()
     sim_args = config_from(setup.SimArgs, args)
     if compare:
-        if spec is not None:
+        if specs:
             raise ConfigError("--compare and --sweep do not go together")
         found = setup.compare_with_run(sim_args)
         from kvtier.sim.report import render_compare
@@ -190,12 +199,13 @@ def simulate_command(
         print_report(as_json, lambda: json.dumps(found, indent=2), partial(render_compare, found))
         return
     built = setup.build(sim_args)
-    if spec is None:
+    if not specs:
         result = _run(built, as_json)
         _report_one(built, result, as_json, records, csv_out, plot)
         return
-    rows = setup.run_sweep(built, spec, progress=_progress(as_json, len(spec.values)))
-    _report_sweep(built, spec, rows, as_json, plot)
+    points = len(setup.sweep_points(specs))
+    rows = setup.run_sweep(built, specs, progress=_progress(as_json, points))
+    _report_sweep(built, specs, rows, as_json, plot)
 
 
 def _progress(quiet: bool, total: int):
@@ -248,18 +258,26 @@ def _report_one(built, result, as_json: bool, records: bool, csv_out, plot) -> N
     )
 
 
-def _report_sweep(built, spec, rows, as_json: bool, plot) -> None:
+def _report_sweep(built, specs, rows, as_json: bool, plot) -> None:
+    name = specs[0].name
+    series = specs[1].name if len(specs) > 1 else None
     if plot is not None:
-        from kvtier.sim.plot import write_sweep_plot
+        from kvtier.sim.plot import write_series_plot, write_sweep_plot
 
-        write_sweep_plot(spec.name, rows, plot / f"sweep-{spec.name}.png")
+        if series is None:
+            write_sweep_plot(name, rows, plot / f"sweep-{name}.png")
+        else:
+            write_series_plot(name, series, rows, plot / f"sweep-{name}-{series}.png")
     from kvtier.sim.report import render_sweep
 
     def as_json_text() -> str:
-        out = {"config": built.describe(), "sweep": spec.name, "rows": rows}
+        out: dict[str, Any] = {"config": built.describe(), "sweep": name}
+        if series is not None:
+            out["series"] = series
+        out["rows"] = rows
         return json.dumps(out, indent=2)
 
-    print_report(as_json, as_json_text, partial(render_sweep, spec.name, rows))
+    print_report(as_json, as_json_text, partial(render_sweep, name, rows, series=series))
 
 
 def register(cli: typer.Typer) -> None:

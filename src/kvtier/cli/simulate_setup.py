@@ -9,15 +9,22 @@ anything runs. :func:`run_sweep` runs it again for each value of one parameter.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvtier.cli.values import byte_size
 from kvtier.errors import ConfigError
+from kvtier.sim.config import ROUTINGS
 
-SWEEPABLE = ("concurrency", "rate", "dram", "nvme", "link", "context", "preemption", "eviction")
+SWEEPABLE = (
+    "concurrency", "rate", "dram", "nvme", "link", "context", "preemption", "eviction",
+    "replicas", "routing",
+)  # fmt: skip
+#: Swept parameters that change only the fleet, not the workload or the hardware: a sweep of
+#: them builds the simulation once and changes its config.
+FLEET = ("replicas", "routing")
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Built:
             "timer": c.timer.to_dict(),
             "frontend": None if c.frontend is None else c.frontend.__dict__,
             "replicas": c.replicas,
+            "routing": c.routing,
             "concurrency": c.concurrency,
             "kvtier": None,
         }
@@ -133,6 +141,18 @@ def parse_sweep(text: str) -> SweepSpec:
     return SweepSpec(name, items)
 
 
+def parse_sweeps(texts: list[str]) -> tuple[SweepSpec, ...]:
+    """One ``--sweep`` (a table and a plot against its values) or two (the second one's values
+    as series: ``--sweep replicas=4,16 --sweep routing=session,prefix`` draws each routing
+    against the replicas)."""
+    specs = tuple(parse_sweep(t) for t in texts)
+    if len(specs) > 2:
+        raise ConfigError("--sweep: give one parameter, or two (the second drawn as series)")
+    if len(specs) == 2 and specs[0].name == specs[1].name:
+        raise ConfigError(f"--sweep: {specs[0].name!r} is swept twice")
+    return specs
+
+
 def _check(a: SimArgs) -> None:
     if a.gpus < 1 or a.replicas < 1:
         raise ConfigError("--gpus and --replicas must be at least 1")
@@ -144,8 +164,8 @@ def _check(a: SimArgs) -> None:
         raise ConfigError("--concurrency must be at least 1")
     if a.preemption not in ("recompute", "offload", "auto"):
         raise ConfigError(f"--preemption is recompute, offload or auto, not {a.preemption!r}")
-    if a.routing not in ("session", "least-loaded", "round-robin"):
-        raise ConfigError(f"--routing is session, least-loaded or round-robin, not {a.routing!r}")
+    if a.routing not in ROUTINGS:
+        raise ConfigError(f"--routing is one of {', '.join(ROUTINGS)}, not {a.routing!r}")
     if a.workload not in ("mix", "unique", "longctx"):
         raise ConfigError(f"--workload is mix, unique or longctx, not {a.workload!r}")
     if a.workload_file is not None and a.workload != "longctx":
@@ -399,17 +419,30 @@ def _fit_contention(cal, path: Path):
     return fit_contention(cal, [(phases, concurrency)])
 
 
+def _number(kind: type, name: str, value: str):
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"--sweep {name}: {value!r} is not a number") from None
+
+
 def _with(a: SimArgs, name: str, value: str) -> SimArgs:
     if name == "concurrency":
-        return replace(a, concurrency=int(value))
+        return replace(a, concurrency=_number(int, name, value))
+    if name == "replicas":
+        return replace(a, replicas=_number(int, name, value))
+    if name == "routing":
+        if value not in ROUTINGS:
+            raise ConfigError(f"--sweep routing: one of {', '.join(ROUTINGS)}, not {value!r}")
+        return replace(a, routing=value)
     if name == "rate":
-        return replace(a, rate=float(value))
+        return replace(a, rate=_number(float, name, value))
     if name in ("dram", "nvme"):
         return replace(a, **{name: value})
     if name == "link":
         return replace(a, link_bandwidth=byte_size(value, "--sweep link"))
     if name == "context":
-        return replace(a, context_scale=float(value))
+        return replace(a, context_scale=_number(float, name, value))
     if name == "preemption":
         return replace(a, preemption=value)
     if name == "eviction":
@@ -417,15 +450,16 @@ def _with(a: SimArgs, name: str, value: str) -> SimArgs:
     raise ConfigError(f"--sweep: cannot sweep {name!r}")
 
 
-def sweep_row(name: str, value: str, result) -> dict[str, Any]:
-    """One sweep point's figures (a table row and a plot point)."""
+def sweep_row(point: dict[str, str], result) -> dict[str, Any]:
+    """One sweep point's figures (a table row and a plot point): the swept values ``point``
+    (name → value), then what the run gave."""
     s = result.summary
     gpu = s["gpu_time"]
     links = s["links"]
     busiest = max(links.items(), key=lambda kv: kv[1]["utilization"], default=(None, None))
     peak = max((r["peak_running"] for r in s["replicas"]), default=0)
     return {
-        name: value,
+        **point,
         "requests": s["finished"],
         "ttft_p50_s": s["ttft_s"]["p50"],
         "ttft_p95_s": s["ttft_s"]["p95"],
@@ -438,31 +472,73 @@ def sweep_row(name: str, value: str, result) -> dict[str, Any]:
         "idle_share": gpu["idle_share"],
         "preemptions": s["preemptions"],
         "hit_rate": s["hit_rate"],
+        "hit_share": sum(s["hit_rate"].values()),
         "peak_running": peak,
         "busiest_link": busiest[0],
         "busiest_link_utilization": busiest[1]["utilization"] if busiest[1] else None,
     }
 
 
+def sweep_points(specs: Sequence[SweepSpec]) -> list[dict[str, str]]:
+    """Every combination of the swept values, the first parameter's outermost."""
+    points: list[dict[str, str]] = [{}]
+    for spec in specs:
+        points = [{**p, spec.name: v} for p in points for v in spec.values]
+    return points
+
+
+def _point(built: Built, point: dict[str, str], cache: dict[tuple, Built]) -> Built:
+    """The simulation of one sweep point: built again where a swept value changes the workload
+    or the hardware, else ``built``'s with the fleet's values in its config."""
+    args = built.args
+    for name, value in point.items():
+        args = _with(args, name, value)
+    rebuilt = tuple((n, v) for n, v in point.items() if n not in FLEET)
+    base = cache.get(rebuilt)
+    if base is None:
+        base = cache[rebuilt] = build(args) if rebuilt else built
+    _check(args)
+    fleet = {"replicas": args.replicas, "routing": args.routing}
+    return Built(args, replace(base.config, **fleet), base.requests, base.source, base.calibration)
+
+
 def run_sweep(
-    built: Built, spec: SweepSpec, progress: Callable[[str, int, int], None] | None = None
+    built: Built,
+    specs: SweepSpec | Sequence[SweepSpec],
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the simulation once per value of the swept parameter; one row each."""
+    """Run the simulation once per value of the swept parameter (per combination of the two
+    parameters' values); one row each, every point checked before the first runs."""
     from kvtier.sim.simulator import simulate
 
-    args = [_with(built.args, spec.name, v) for v in spec.values]
-    runs = [build(x) for x in args]  # every value is checked before the first run
+    specs = (specs,) if isinstance(specs, SweepSpec) else tuple(specs)
+    points = sweep_points(specs)
+    cache: dict[tuple, Built] = {}
+    runs = [_point(built, p, cache) for p in points]
     rows = []
-    for i, (value, b) in enumerate(zip(spec.values, runs, strict=True)):
+    for i, (point, b) in enumerate(zip(points, runs, strict=True)):
         if progress is not None:
-            progress(f"{spec.name}={value}", i, len(runs))
-        rows.append(sweep_row(spec.name, value, simulate(b.config, b.requests)))
+            label = ", ".join(f"{n}={v}" for n, v in point.items())
+            progress(label, i, len(runs))
+        rows.append(sweep_row(point, simulate(b.config, b.requests)))
     if progress is not None:
         progress("done", len(runs), len(runs))
     return rows
 
 
-__all__ = ["SWEEPABLE", "Built", "SimArgs", "SweepSpec", "build", "parse_sweep"]
+__all__ = [
+    "FLEET",
+    "SWEEPABLE",
+    "Built",
+    "SimArgs",
+    "SweepSpec",
+    "build",
+    "parse_sweep",
+    "parse_sweeps",
+    "run_sweep",
+    "sweep_points",
+    "sweep_row",
+]
 
 
 def _measured_percentiles(requests: list, name: str) -> dict[str, float | None]:

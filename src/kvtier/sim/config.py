@@ -12,7 +12,9 @@ from kvtier.sim.timing import StepTimer
 
 Preemption = Literal["recompute", "offload"]
 Scheduling = Literal["fcfs", "priority"]
-Routing = Literal["session", "least-loaded", "round-robin"]
+Routing = Literal["session", "least-loaded", "round-robin", "prefix", "tier"]
+#: The routing policies, in the order reports list them (see :mod:`kvtier.sim.routing`).
+ROUTINGS: tuple[str, ...] = ("session", "least-loaded", "round-robin", "prefix", "tier")
 
 
 @dataclass(frozen=True)
@@ -144,8 +146,9 @@ class SimConfig:
 
     ``timer``: step times (roofline or measured). ``kvtier``: None runs the engines alone.
     ``replicas`` engines share the shared tiers and one network link of ``network_bandwidth``
-    bytes/s. ``concurrency``: the client's requests in flight at most (None: open loop, every
-    request sent when it arrives). ``closed_loop``: a session's next turn is sent
+    bytes/s; ``routing`` picks each request's replica (:mod:`kvtier.sim.routing`).
+    ``concurrency``: the client's requests in flight at most (None: open loop, every request
+    sent when it arrives). ``closed_loop``: a session's next turn is sent
     ``after_s`` after its previous answer (traces that record it), else at its arrival time.
     ``slo_ttft_s``/``slo_tpot_s``: the service level goodput counts against.
     """
@@ -169,10 +172,8 @@ class SimConfig:
             raise ConfigError("at least one replica")
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError("concurrency must be at least 1 (or open loop)")
-        if self.routing not in ("session", "least-loaded", "round-robin"):
-            raise ConfigError(
-                f"routing is session, least-loaded or round-robin, not {self.routing!r}"
-            )
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"routing is one of {', '.join(ROUTINGS)}, not {self.routing!r}")
         if self.kvtier is not None:
             ratio = self.kvtier.chunk_tokens / self.engine.block_tokens
             if self.kvtier.chunk_tokens % self.engine.block_tokens:
@@ -185,6 +186,7 @@ class SimConfig:
 
 
 __all__ = [
+    "ROUTINGS",
     "EngineSpec",
     "FrontendSpec",
     "KvtierSpec",

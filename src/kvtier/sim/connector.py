@@ -93,9 +93,9 @@ class Connector:
                 return tier
         return None
 
-    def match(self, r: SimRequest, local_tokens: int, now: float) -> LoadPlan | None:
-        """What to load for ``r`` beyond the engine's own ``local_tokens`` (None: nothing)."""
-        first = local_tokens // self.chunk
+    def found(self, r: SimRequest, first: int, now: float) -> list[str]:
+        """The tier of each leading chunk of ``r`` from chunk ``first`` that a read now finds
+        (up to the first miss, leaving at least one prompt token to compute)."""
         usable_end = (r.num_tokens - 1) // self.chunk
         names: list[str] = []
         for c in range(first, usable_end):
@@ -103,6 +103,42 @@ class Connector:
             if tier is None:
                 break
             names.append(tier.name)
+        return names
+
+    def estimate(
+        self,
+        r: SimRequest,
+        local_tokens: int,
+        now: float,
+        memo: dict[tuple, float] | None = None,
+    ) -> float:
+        """Predicted seconds until ``r``'s prompt KV is complete on this replica, beyond the
+        engine's own ``local_tokens``: what :meth:`match` would load (waiting behind the tiers'
+        queued transfers) plus the prefill of the rest, as the load-or-recompute decision
+        predicts it (every hit loaded when it is off). Books nothing. ``memo``: predictions
+        already made for the same prompt, hits and queues (replicas that find the same)."""
+        first = local_tokens // self.chunk
+        names = self.found(r, first, now)
+        prompt = r.num_tokens - first * self.chunk
+        queued = {name: self.by_name[name].medium.backlog_s(now) for name in sorted(set(names))}
+        key = (prompt, tuple(names), tuple(queued.items()))
+        if memo is not None and key in memo:
+            return memo[key]
+        if self.spec.decide:
+            seconds = self.decision.decide(prompt, names, queued, usable=len(names)).predicted_s
+        else:
+            cached = len(names) * self.chunk
+            seconds = self.decision.load_seconds(names, queued) + self.timer.prefill_seconds(
+                max(prompt - cached, 1), cached
+            )
+        if memo is not None:
+            memo[key] = seconds
+        return seconds
+
+    def match(self, r: SimRequest, local_tokens: int, now: float) -> LoadPlan | None:
+        """What to load for ``r`` beyond the engine's own ``local_tokens`` (None: nothing)."""
+        first = local_tokens // self.chunk
+        names = self.found(r, first, now)
         if not names:
             return None
         count, action = len(names), "load"

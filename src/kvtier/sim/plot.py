@@ -2,7 +2,9 @@
 
 A run: TTFT over the run, and the GPU's time split. A sweep: the memory wall — hit shares per
 tier and preemptions (where KV overflows engine memory), TTFT and the wait for KV (where
-transfers dominate), and the GPU's time computing, waiting for KV and idle.
+transfers dominate), and the GPU's time computing, waiting for KV and idle. A sweep of two
+parameters: the same wall with one line per value of the second (a routing policy against the
+replicas): the share of prompt tokens served from cache, TTFT, and goodput.
 """
 
 from __future__ import annotations
@@ -89,4 +91,44 @@ def write_sweep_plot(name: str, rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-__all__ = ["write_run_plot", "write_sweep_plot"]
+def write_series_plot(name: str, series: str, rows: list[dict[str, Any]], path: Path) -> Path:
+    """The memory wall of a two-parameter sweep: against ``name``'s values, one line per value
+    of ``series`` — the share of prompt tokens served from cache (all sources solid, the
+    engine's own dashed), TTFT p95 (solid) and p50 (dashed), and the share of requests within
+    the SLO."""
+    plt = _pyplot()
+    labels = list(dict.fromkeys(str(r[name]) for r in rows))
+    kinds = list(dict.fromkeys(str(r[series]) for r in rows))
+    at = {label: i for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for i, kind in enumerate(kinds):
+        mine = [r for r in rows if str(r[series]) == kind]
+        x = [at[str(r[name])] for r in mine]
+        colour = f"C{i}"
+        axes[0].plot(x, [r["hit_share"] for r in mine], "o-", color=colour, label=kind)
+        engine = [r["hit_rate"].get("engine", 0.0) for r in mine]
+        axes[0].plot(x, engine, ".--", color=colour)
+        axes[1].plot(x, [r["ttft_p95_s"] for r in mine], "o-", color=colour, label=kind)
+        axes[1].plot(x, [r["ttft_p50_s"] for r in mine], ".--", color=colour)
+        axes[2].plot(x, [r["goodput_share"] for r in mine], "o-", color=colour, label=kind)
+    axes[0].set_ylim(0, 1)
+    axes[0].set_ylabel("share of prompt tokens served from cache")
+    axes[0].set_title("hits: every source (solid), the engine's own (dashed)")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("seconds")
+    axes[1].set_title("TTFT p95 (solid), p50 (dashed)")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_ylabel("share of requests within the SLO")
+    axes[2].set_title("goodput")
+    for ax in axes:
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels)
+        ax.set_xlabel(name)
+        ax.legend(title=series, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["write_run_plot", "write_series_plot", "write_sweep_plot"]

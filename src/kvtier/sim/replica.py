@@ -220,7 +220,8 @@ class Replica:
                 reuse = pool.reusable_free(hit_keys)
                 keep = int(e.watermark * pool.blocks) if batch else 0
                 gate = need
-                if e.reserve_full_prompt and (self.running or batch):  # alone, it may go on
+                others = self.running or batch or self.loading or self.ready
+                if e.reserve_full_prompt and others:  # alone, it may go on
                     held = len(r.blocks) + len(hit_keys)
                     gate = max(need, -(-r.num_tokens // e.block_tokens) - held)
                     if plan is not None and not plan.sync:

@@ -76,12 +76,17 @@ def render(result: SimResult, console: Console) -> None:
         console.print(links)
 
 
-def render_sweep(name: str, rows: list[dict[str, Any]], console: Console) -> None:
-    """One row per swept value: latency, GPU time split, preemptions, the busiest link."""
-    table = Table(title=f"sweep of {name}")
+def render_sweep(
+    name: str, rows: list[dict[str, Any]], console: Console, series: str | None = None
+) -> None:
+    """One row per swept value (per combination, with a second parameter ``series``): latency,
+    GPU time split, preemptions, the share of prompt tokens served from cache, the busiest
+    link."""
+    swept = (name,) if series is None else (name, series)
+    table = Table(title=f"sweep of {' × '.join(swept)}")
     cols = (
-        name, "TTFT p50", "TTFT p95", "TPOT p50", "tok/s", "goodput", "compute", "KV wait",
-        "idle", "preempt", "busiest link",
+        *swept, "hits", "TTFT p50", "TTFT p95", "TPOT p50", "tok/s", "goodput", "compute",
+        "KV wait", "idle", "preempt", "busiest link",
     )  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
@@ -89,7 +94,8 @@ def render_sweep(name: str, rows: list[dict[str, Any]], console: Console) -> Non
         link = r["busiest_link"]
         util = r["busiest_link_utilization"]
         table.add_row(
-            str(r[name]),
+            *(str(r[n]) for n in swept),
+            _pct(r.get("hit_share")),
             _s(r["ttft_p50_s"]),
             _s(r["ttft_p95_s"]),
             _s(r["tpot_p50_s"], 4),

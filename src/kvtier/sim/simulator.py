@@ -4,8 +4,8 @@ Events sit in one heap ordered by (time, sequence number), so equal times resolv
 they were booked and a run is the same for the same inputs. The client sends a request when it
 is due — at its arrival time, or (closed loop, for traces that record it) ``after_s`` after
 its session's previous answer — and while fewer than ``concurrency`` are in flight; it reaches
-a replica ``request_overhead_s`` later. Routing keeps a session on one replica (its prefix
-stays in that engine), sending one-shot requests to the least loaded.
+a replica ``request_overhead_s`` later. A :class:`~kvtier.sim.routing.Router` picks the
+replica when the request is sent.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import xxhash
-
 from kvtier.errors import ConfigError
 from kvtier.sim.config import SimConfig
 from kvtier.sim.connector import Connector
@@ -25,6 +23,7 @@ from kvtier.sim.links import LinkQueue
 from kvtier.sim.replica import Replica
 from kvtier.sim.request import SimRequest, engine_keys
 from kvtier.sim.results import SimResult, build_result
+from kvtier.sim.routing import Router
 from kvtier.sim.tiers import SimTier
 from kvtier.workloads.requests import TraceRequest
 
@@ -55,9 +54,9 @@ class Simulator:
         self.links: dict[str, LinkQueue] = {}
         self.tiers: list[list[SimTier]] = []
         self.replicas = [self._replica(i) for i in range(config.replicas)]
+        self.router = Router(config.routing, self.replicas, engine, config.timer)
         self._pending: deque[SimRequest] = deque()
         self._in_flight = 0
-        self._rr = 0
         self._done = 0
         self._sessions: dict[str, deque[SimRequest]] = {}
         self._front_free = [0.0] * config.replicas
@@ -111,18 +110,6 @@ class Simulator:
     def _at(self, t: float, fn: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), fn))
 
-    def _route(self, r: SimRequest) -> Replica:
-        reps = self.replicas
-        if len(reps) == 1:
-            return reps[0]
-        mode = self.config.routing
-        if mode == "session" and r.trace.session is not None:
-            return reps[xxhash.xxh64_intdigest(r.trace.session.encode()) % len(reps)]
-        if mode == "round-robin":
-            self._rr += 1
-            return reps[self._rr % len(reps)]
-        return min(reps, key=lambda rep: (rep.outstanding, rep.index))
-
     def _due(self, r: SimRequest) -> Callable[[float], None]:
         def fire(t: float) -> None:
             r.due_s = t
@@ -150,13 +137,14 @@ class Simulator:
             r = self._pending.popleft()
             r.sent_s = now
             self._in_flight += 1
-            replica = self._route(r)
+            replica = self.router.route(r, now)
             at = now + overhead
             if front is not None:
                 at = self._front(replica, at, front.in_s)
             self._at(at, lambda t, r=r, rep=replica: self._arrive(rep, r, t))
 
     def _arrive(self, replica: Replica, r: SimRequest, now: float) -> None:
+        self.router.arrived(replica, r)
         e = self.config.engine
         longest = r.prompt + r.output
         if (e.max_model_len and longest > e.max_model_len) or (

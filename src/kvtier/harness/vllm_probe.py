@@ -7,26 +7,30 @@ The spec (JSON) says how to build the engine and what to do::
     {"connector": {...kv_connector_extra_config...} | null,
      "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
      "start_when": "/tmp/go", "run_when": "/tmp/turn",
-     "lora_rank": 8, "prompt_embeds": true, "tp": 3,
+     "lora_rank": 8, "prompt_embeds": true, "tp": 3, "kv_role": "kv_producer",
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
                {"prompts": [...], "lora": {"name": "A", "id": 1, "path": "/dir"},
-                "cache_salt": "tenant-a", "embeds": true},
+                "cache_salt": "tenant-a", "embeds": true,
+                "kv_transfer_params": {"kvtier_chunks": 4}},
                {"corrupt": "/dir/**/*.kv"}, {"corrupt_writer": "/dir/**/*.slab"},
                {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
 ``lora_rank`` enables LoRA adapters up to that rank, ``prompt_embeds`` prompts given as
-embeddings, ``tp`` tensor parallelism (one worker process per rank). A prompt step may name a
-LoRA adapter (``lora``), a ``cache_salt``, or give its prompts as embeddings (``embeds``: each
-token id's row of the model's own embedding table, so the model sees what the ids would give
-it). Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
-other in a small pool); the other steps damage tiers between prompts (flip bytes in files, or in
-the slab files of one writer process only, i.e. one rank's parts with tensor parallelism; delete
-files; replace a tier's directory with a file), synchronise with another process, or pause
-(``sleep``: seconds, e.g. for the connector's writer threads to finish a promotion).
+embeddings, ``tp`` tensor parallelism (one worker process per rank), ``kv_role`` the
+connector's role (default ``kv_both``). A prompt step may name a LoRA adapter (``lora``), a
+``cache_salt``, ``kv_transfer_params`` for its requests, or give its prompts as embeddings
+(``embeds``: each token id's row of the model's own embedding table, so the model sees what the
+ids would give it). Prompt steps run their prompts as one batch (so they run concurrently and
+can preempt each other in a small pool); the other steps damage tiers between prompts (flip
+bytes in files, or in the slab files of one writer process only, i.e. one rank's parts with
+tensor parallelism; delete files; replace a tier's directory with a file), synchronise with
+another process, or pause (``sleep``: seconds, e.g. for the connector's writer threads to
+finish a promotion).
 ``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
 ``run_when`` the first step (engines start up together, then compute one at a time).
-The output is ``{"steps": [{"tokens": [[...], ...], "seconds": s}, ...]}``. Tests run each
+The output is ``{"steps": [{"tokens": [[...], ...], "kv_transfer_params": [...], "seconds": s},
+...]}``. Tests run each
 engine in its own process because vLLM starts its engine processes by spawn and keeps
 process-wide state.
 """
@@ -160,7 +164,7 @@ def main(argv: list[str]) -> int:
         kw["kv_transfer_config"] = {
             "kv_connector": "KVTierConnector",
             "kv_connector_module_path": "kvtier.engines.vllm.connector",
-            "kv_role": "kv_both",
+            "kv_role": spec.get("kv_role", "kv_both"),
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": spec["connector"],
         }
@@ -191,7 +195,12 @@ def main(argv: list[str]) -> int:
             _damage(step)
             out.append({})
             continue
-        params = SamplingParams(temperature=0, max_tokens=int(step.get("max_tokens", 16)))
+        handed = step.get("kv_transfer_params")
+        params = SamplingParams(
+            temperature=0,
+            max_tokens=int(step.get("max_tokens", 16)),
+            extra_args={"kv_transfer_params": handed} if handed else None,
+        )
         prompts = _prompts(step, folder)
         lora = None
         if step.get("lora"):
@@ -204,6 +213,7 @@ def main(argv: list[str]) -> int:
         out.append(
             {
                 "tokens": [list(r.outputs[0].token_ids) for r in results],
+                "kv_transfer_params": [r.kv_transfer_params for r in results],
                 "seconds": time.perf_counter() - began,
             }
         )

@@ -63,3 +63,14 @@ def test_a_host_memory_tier_is_named_host_unless_it_has_a_name():
     assert "codec=raw" in tier_url("slab:///var/kv?size=1GiB")  # a disk: raw unless asked
     assert "codec=kv" in tier_url("slab:///var/kv?size=1GiB&codec=kv")
     assert "codec=raw" not in tier_url("slab:///dev/shm/kv?size=1GiB&codec=kv")  # as asked
+
+
+def test_kv_role_narrows_what_the_connector_does():
+    base = ConnectorConfig(tiers=("slab:///tmp/kvtier-role?size=1MiB",))
+    assert base.for_role("kv_both") == base and base.for_role(None) == base
+    producer = base.for_role("kv_producer")
+    assert not producer.load and producer.store and producer.admit == "always"
+    consumer = base.for_role("kv_consumer")
+    assert consumer.load and not consumer.store
+    with pytest.raises(ConfigError, match="kv_role 'kv_router'"):
+        base.for_role("kv_router")

@@ -19,7 +19,7 @@ beside any other work slows down several times over (its OpenMP threads wait on 
 engine computes in the dtype ``auto`` picks for the CPU (bf16 where native, else fp32). All but
 ``second`` run vLLM's engine core and worker inside the probe's process (start-up is mostly
 importing vLLM, once per process); ``second`` keeps vLLM's three processes, so the connector's
-plan crosses processes as it does in a server (as in test_server_metrics and test_shared_tier).
+plan crosses processes as it does in a server (as in test_server_metrics).
 """
 
 from __future__ import annotations

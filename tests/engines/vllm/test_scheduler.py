@@ -364,3 +364,78 @@ def test_with_a_tier_across_the_network_lookups_run_off_the_loop(redis_server, d
         assert stats is not None and stats.data["counts"]["deferred_lookups"] == 1
     finally:
         side.close()
+
+
+def _store_step(rid: str, n_tokens: int, blocks: list[int]) -> SimpleNamespace:
+    step = _empty_step()
+    step.scheduled_new_reqs = [
+        SimpleNamespace(req_id=rid, block_ids=(blocks,), num_computed_tokens=0)
+    ]
+    step.num_scheduled_tokens = {rid: n_tokens}
+    return step
+
+
+def test_a_producer_never_loads_stores_every_chunk_and_says_how_many(dirs):
+    _host, disk = dirs
+    tokens = list(range(6000, 6000 + 2 * CHUNK + 5))
+    _on_disk(disk, tokens)  # what it holds already is not loaded: a producer computes
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, admit="repeat").for_role("kv_producer")
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+        side.update_state_after_alloc(req, Blocks(range(5)), 0)
+        (store,) = side.build_connector_meta(_store_step("r1", len(tokens), [0, 1, 2, 3, 4])).stores
+        assert len(store.keys) == 2  # every chunk, though no earlier prompt repeated them
+        assert side.request_finished(req, [0, 1, 2, 3, 4]) == (False, {"kvtier_chunks": 2})
+    finally:
+        side.close()
+
+
+def test_a_consumer_waits_for_the_chunks_its_producer_stored_and_never_stores(dirs):
+    _host, disk = dirs
+    tokens = list(range(7000, 7000 + 3 * CHUNK + 3))
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, producer_wait_s=30).for_role(
+        "kv_consumer"
+    )
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        params = SamplingParams(
+            max_tokens=4, extra_args={"kv_transfer_params": {"kvtier_chunks": 3}}
+        )
+        req = Request("r1", tokens, params, None)
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # not stored yet
+        _on_disk(disk, tokens)  # the producer's stores land
+        deadline = time.monotonic() + 10
+        got = side.get_num_new_matched_tokens(req, 0)
+        while got == (None, False) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got = side.get_num_new_matched_tokens(req, 0)
+        assert got[0] == 3 * CHUNK
+        assert side.counters.take().data["counts"]["producer_waits"] >= 1
+        side.update_state_after_alloc(req, Blocks(range(4)), got[0])
+        assert side.build_connector_meta(_store_step("r1", len(tokens), [0, 1, 2, 3])).stores == []
+        assert side.request_finished(req, [0, 1, 2, 3]) == (False, None)
+    finally:
+        side.close()
+
+
+def test_a_consumer_stops_waiting_after_producer_wait_s_and_computes(dirs):
+    tokens = list(range(8000, 8000 + 2 * CHUNK + 3))
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, producer_wait_s=0.2).for_role(
+        "kv_consumer"
+    )
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        params = SamplingParams(
+            max_tokens=4, extra_args={"kv_transfer_params": {"kvtier_chunks": 2}}
+        )
+        req = Request("r1", tokens, params, None)
+        side.on_new_request(req)
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+        time.sleep(0.3)
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # never stored: computed
+    finally:
+        side.close()

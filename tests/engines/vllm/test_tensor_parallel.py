@@ -49,16 +49,25 @@ def tp_runs(text_tokens, tmp_path_factory):
 
     P, Q = prompts["P"], prompts["Q"]
     once = [{"prompts": [p], "max_tokens": TOKENS} for p in (P, P, Q, Q)]
+    steps = [
+        {"prompts": [P], "max_tokens": TOKENS},
+        {"corrupt_writer": f"{disk}/**/*.slab"},
+        {"prompts": [Q], "max_tokens": TOKENS},
+    ]
+    go = work / "restart.go"
+    probes: list[Probe] = []
     try:
-        first = Probe(spec(0, once), work, "first", env=TP_ENV).result(600)
+        # the restart engine imports vLLM now and builds its engine once the first has exited
+        probes.append(Probe(spec(0, once), work, "first", env=TP_ENV))
+        probes.append(Probe({**spec(1, steps), "start_when": str(go)}, work, "restart", TP_ENV))
+        first = probes[0].result(600)
         shutil.rmtree(shm[0], ignore_errors=True)
-        steps = [
-            {"prompts": [P], "max_tokens": TOKENS},
-            {"corrupt_writer": f"{disk}/**/*.slab"},
-            {"prompts": [Q], "max_tokens": TOKENS},
-        ]
-        restart = Probe(spec(1, steps), work, "restart", env=TP_ENV).result(600)
+        go.write_text("go\n")
+        restart = probes[1].result(600)
     finally:
+        for p in probes:
+            if p.proc.poll() is None:
+                p.kill()
         for d in shm:
             shutil.rmtree(d, ignore_errors=True)
     return {

@@ -42,6 +42,11 @@ class ConnectorConfig:
     move its KV from slower tiers into the first one, within ``preload_bytes`` in flight;
     ``preload_wait_s`` is how long a queued request whose KV is still moving up is held back
     (vLLM schedules others meanwhile). ``store``: keep new chunks (off: read-only use).
+    ``load``: load what the tiers hold (off: write-only use). vLLM's ``kv_role`` sets both for a
+    disaggregated fleet (:meth:`for_role`): a ``kv_producer`` (prefill engine) stores every chunk
+    it computes and never loads, a ``kv_consumer`` (decode engine) loads and never stores, and
+    waits up to ``producer_wait_s`` for the chunks its producer said it stored (the producer's
+    response carries their count in ``kv_transfer_params``) to become visible in the tiers.
     ``admit``: which new chunks are stored: ``always``; ``repeat``, only a chunk some earlier
     request's prompt also held (one-shot prompts cost nothing and displace nothing); ``auto``,
     every chunk while recent prompts repeat chunks of earlier ones, else as ``repeat``.
@@ -63,6 +68,8 @@ class ConnectorConfig:
     preload_wait_s: float = 2.0
     lookup_ttl_s: float = 1.0
     store: bool = True
+    load: bool = True
+    producer_wait_s: float = 5.0
     admit: str = "auto"
     records: str | None = None
     model_id: str | None = None
@@ -92,14 +99,31 @@ class ConnectorConfig:
             raise ConfigError(f"write must be one of {WRITE_MODES}, got {self.write!r}")
         if self.admit not in ADMIT_MODES:
             raise ConfigError(f"admit must be one of {ADMIT_MODES}, got {self.admit!r}")
-        if self.preload_bytes < 0 or self.preload_wait_s < 0 or self.lookup_ttl_s < 0:
+        if min(self.preload_bytes, self.preload_wait_s, self.lookup_ttl_s) < 0:
             raise ConfigError("preload_bytes, preload_wait_s and lookup_ttl_s cannot be negative")
+        if self.producer_wait_s < 0:
+            raise ConfigError("producer_wait_s cannot be negative")
         if self.queue_chunks < 1 or self.load_workers < 1:
             raise ConfigError("queue_chunks and load_workers must be at least 1")
         if self.records is not None:
             parent = Path(self.records).expanduser().parent
             if not parent.is_dir():
                 raise ConfigError(f"records: {parent} is not a directory")
+
+    def for_role(self, kv_role: str | None) -> ConnectorConfig:
+        """The config as vLLM's ``kv_role`` narrows it: a producer stores every chunk and never
+        loads, a consumer never stores; ``kv_both`` (or none) leaves it as configured."""
+        from dataclasses import replace
+
+        if kv_role in (None, "kv_both"):
+            return self
+        if kv_role == "kv_producer":
+            return replace(self, load=False, admit="always", preload=False)
+        if kv_role == "kv_consumer":
+            return replace(self, store=False)
+        raise ConfigError(
+            f"kv_role {kv_role!r}: kvtier's connector takes kv_both, kv_producer or kv_consumer"
+        )
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -142,9 +166,9 @@ def _coerce(name: str, value: Any) -> Any:
             if isinstance(value, bool) or int(value) != value:
                 raise ValueError("an integer")
             return int(value)
-        if name in ("preload_wait_s", "lookup_ttl_s"):
+        if name in ("preload_wait_s", "lookup_ttl_s", "producer_wait_s"):
             return float(value)
-        if name in ("preload", "store", "sync_host"):
+        if name in ("preload", "store", "load", "sync_host"):
             if not isinstance(value, bool):
                 raise ValueError("true or false")
             return value

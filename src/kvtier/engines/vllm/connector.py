@@ -50,7 +50,8 @@ class KVTierConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config
-        self.kvtier_config = config = ConnectorConfig.from_extra(extra)
+        kv_role = getattr(self._kv_transfer_config, "kv_role", None)
+        self.kvtier_config = config = ConnectorConfig.from_extra(extra).for_role(kv_role)
         geometry = engine_geometry(vllm_config)
         namespace = engine_namespace(
             vllm_config, geometry, config.model_id, config.fingerprint, config.tenant

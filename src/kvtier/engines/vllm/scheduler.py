@@ -17,6 +17,11 @@ the first tier (in arrival order, within ``preload_bytes`` in flight, once it ha
 part per rank (:class:`~kvtier.engines.vllm.shards.Shards`): a lookup asks for every part at
 once and counts a chunk only when all are there, and a chunk some rank lost its part of (a tier
 evicted it, or a lookup found it missing) has the others' parts deleted from the same tier.
+
+In a disaggregated fleet (vLLM's ``kv_role``) a producer tells whoever sends the request on how
+many leading chunks it handed its tiers (``kv_transfer_params``: ``{"kvtier_chunks": n}``), and
+a consumer given that count holds the request back (up to ``producer_wait_s``) until the tiers
+show that many, since the producer's stores land asynchronously.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ log = logging.getLogger("kvtier.vllm")
 
 #: Seconds a chunk whose load failed is not offered again (a writer may replace it meanwhile).
 BAD_KEY_S = 60.0
+#: The key of ``kv_transfer_params`` a producer fills and a consumer reads: leading chunks stored.
+CHUNKS_PARAM = "kvtier_chunks"
 #: Seconds a request waits in vLLM's queue before its preload looks it up: one vLLM schedules at
 #: once (the usual case with room in its pool) is looked up once, by vLLM's own call, not twice.
 PRELOAD_AFTER_S = 0.05
@@ -274,7 +281,7 @@ class SchedulerSide:
                 self._preload_queue.remove(request.request_id)
             elif st.preload is Preload.LOOKING:
                 st.move(Preload.NONE)  # nothing is moving yet: the preload gives way
-        if st.failed:
+        if st.failed or not self.config.load:
             return 0, False
         try:
             keys = self._usable(self._keys(st, request.num_tokens))
@@ -288,6 +295,10 @@ class SchedulerSide:
             return 0, False
         if found is None:  # asked off the loop: vLLM examines the request again next step
             self.counters.add("deferred_lookups")
+            return None, False
+        if self._awaits_producer(st, local + found.hit_chunks, len(keys)):
+            st.looked = None  # asked anew next time: another engine's stores send no notice
+            self.counters.add("producer_waits")
             return None, False
         st.hit_chunks = found.hit_chunks
         if found.hit_chunks == 0:
@@ -317,6 +328,19 @@ class SchedulerSide:
         )
         st.prefill_saved_s = saved or 0.0
         return want * self.chunk - num_computed_tokens, not st.sync
+
+    def _awaits_producer(self, st: _Request, found: int, keyed: int) -> bool:
+        """Whether the request's producer said it stored more leading chunks than the tiers
+        show yet (``found``) and the request may still wait for them."""
+        params = getattr(st.request, "kv_transfer_params", None)
+        if not isinstance(params, dict):
+            return False
+        try:
+            promised = min(int(params.get(CHUNKS_PARAM, 0)), keyed)
+        except (TypeError, ValueError):
+            return False
+        waited = time.monotonic() - st.arrived
+        return found < promised and waited < self.config.producer_wait_s
 
     def _lookup(self, st: _Request, local: int, keys: list[bytes]) -> LookupResult | None:
         """The tiers' answer for ``keys[local:]``: the request's last one while nothing it
@@ -529,7 +553,8 @@ class SchedulerSide:
         st.load = None
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
-        """A request is done: forget it (its stores were copied out when computed)."""
+        """A request is done: forget it (its stores were copied out when computed). A producer
+        answers with the leading chunks it handed its tiers, for the consumer that goes on."""
         with self._lock:
             st = self._reqs.pop(request.request_id, None)
             if st is not None:
@@ -537,7 +562,9 @@ class SchedulerSide:
                 if st.preload is Preload.QUEUED:
                     self._preload_queue.remove(request.request_id)
                 st.move(Preload.NONE)
-        return False, None
+        if st is None or self.config.load or not self.config.store or st.unkeyable:
+            return False, None
+        return False, {CHUNKS_PARAM: st.stored}
 
     def take_stats(self):
         """Counters since the last call, as vLLM's stats object."""
@@ -660,4 +687,4 @@ class SchedulerSide:
             self._records.close()
 
 
-__all__ = ["SchedulerSide", "prompt_hash"]
+__all__ = ["CHUNKS_PARAM", "SchedulerSide", "prompt_hash"]

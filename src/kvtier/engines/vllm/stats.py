@@ -45,11 +45,14 @@ COUNTERS = {
     "measured_load_seconds": "load seconds the loads took",
     "load_errors": "chunks that failed to load (vLLM recomputed their blocks)",
     "stored_chunks": "chunks handed to kvtier's tiers",
-    "dropped_chunks": "chunks a full write queue dropped",
+    "dropped_chunks": "chunks a full write queue dropped (counted by each rank that dropped one)",
     "unadmitted_chunks": "new chunks not stored: no earlier prompt held them (admit)",
     "store_seconds": "seconds the forward path spent copying new chunks out",
     "preloaded_chunks": "chunks moved up into the first tier while their request was queued",
     "preload_holds": "times a queued request was held back while its KV was moving up",
+    "producer_waits": (
+        "times a consumer held a request back until the chunks its producer stored were visible"
+    ),
     "unkeyable_requests": (
         "requests neither loaded nor stored: an input that changes their KV could not be keyed"
     ),

@@ -1,0 +1,116 @@
+"""Prefill/decode disaggregation through shared tiers, with real vLLM engines in three processes.
+
+A producer (``kv_role: kv_producer``) prefills a prompt (one token), storing its KV through its
+host-memory tier into Valkey/Redis and S3, and answers how many chunks it stored in the
+response's ``kv_transfer_params``; then it computes the prompt again from vLLM's own prefix cache
+(the reference: the split a consumer loads at). Two consumers (``kv_consumer``), started beside
+it, each with another PYTHONHASHSEED and only one of the shared tiers, are handed those
+``kv_transfer_params`` as a proxy would, wait until the chunks are visible, load them instead of
+recomputing, and generate the producer's greedy tokens. A consumer never stores: a prompt it
+computes twice is computed twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kvtier.engines.vllm.records import prompt_hash, read_records
+from kvtier.harness.vllm_probe import Probe
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+SHORT = 16
+CHUNK = 256
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, s3_server, text_tokens, tmp_path_factory):
+    work = tmp_path_factory.mktemp("pd")
+    tag = uuid.uuid4().hex[:8]
+    P, D = text_tokens[0:1100], text_tokens[5000:5600]
+    shm = [Path(f"/dev/shm/kvtier-pd-{tag}-{i}") for i in range(2)]
+    redis = f"{redis_server.url}?prefix=pd-{tag}&timeout=5&name=redis"
+    s3 = f"s3://kvtier-tests/pd-{tag}?endpoint={s3_server.endpoint}&create=1&name=s3&timeout=10"
+    ready = work / "prefilled"
+    handed = {"kvtier_chunks": len(P) // CHUNK}  # what the proxy passes on (checked below)
+
+    def engine(name: str, role: str, tiers: list[str], steps: list[dict], seed: int) -> Probe:
+        spec = {
+            "connector": {
+                "tiers": tiers,
+                "records": str(work / f"{name}.jsonl"),
+                "producer_wait_s": 60,
+            },
+            "kv_role": role,
+            "prefix_caching": role == "kv_producer",
+            "one_process": True,
+            "steps": steps,
+        }
+        if role == "kv_consumer":
+            spec["run_when"] = str(ready)
+        env = {**s3_server.env, "PYTHONHASHSEED": str(seed)}
+        return Probe(spec, work, name, env=env)
+
+    decode = {"prompts": [P], "max_tokens": SHORT, "kv_transfer_params": handed}
+    probes: list[Probe] = []
+    try:
+        probes = [
+            engine(
+                "producer",
+                "kv_producer",
+                [f"slab://{shm[0]}?size=96MiB", redis, s3],
+                [
+                    {"prompts": [P], "max_tokens": 1},
+                    {"signal": str(ready)},
+                    {"prompts": [P], "max_tokens": SHORT},
+                ],
+                1,
+            ),
+            engine(
+                "via_redis",
+                "kv_consumer",
+                [f"slab://{shm[1]}?size=96MiB", redis],
+                [decode, {"prompts": [D], "max_tokens": SHORT}, {"prompts": [D], "max_tokens": 1}],
+                2,
+            ),
+            engine("via_s3", "kv_consumer", [s3], [decode], 3),
+        ]
+        outs = {p.out_path.stem.removesuffix(".out"): p.result(900) for p in probes}
+    finally:
+        for p in probes:
+            if p.proc.poll() is None:
+                p.kill()
+        for d in shm:
+            shutil.rmtree(d, ignore_errors=True)
+    records = {n: read_records(work / f"{n}.jsonl") for n in outs}
+    return {"outs": outs, "records": records, "handed": handed, "P": P, "D": D}
+
+
+def _one(records: list[dict], prompt: list[int]) -> list[dict]:
+    return [r for r in records if r["prompt_hash"] == prompt_hash(prompt)]
+
+
+def test_the_producer_computes_stores_and_says_how_many_chunks(fleet):
+    prefill = fleet["outs"]["producer"][0]
+    assert prefill["kv_transfer_params"] == [fleet["handed"]]
+    assert all(r["loaded_tokens"] == 0 for r in fleet["records"]["producer"])  # never loads
+
+
+@pytest.mark.parametrize("consumer, tier", [("via_redis", "redis"), ("via_s3", "s3")])
+def test_a_consumer_loads_the_prefilled_prompt_and_gives_a_single_engines_tokens(
+    fleet, consumer, tier
+):
+    (rec,) = _one(fleet["records"][consumer], fleet["P"])
+    assert rec["loaded_tokens"] == 1024 and set(rec["hit_tokens"]) == {tier}
+    computed = rec["prompt_tokens"] - rec["loaded_tokens"] - rec["local_hit_tokens"]
+    assert computed <= CHUNK
+    assert fleet["outs"][consumer][0]["tokens"] == fleet["outs"]["producer"][2]["tokens"]
+
+
+def test_a_consumer_never_stores(fleet):
+    twice = _one(fleet["records"]["via_redis"], fleet["D"])
+    assert len(twice) == 2 and all(r["loaded_tokens"] == 0 for r in twice)

@@ -2,9 +2,11 @@
 
 from dataclasses import replace
 
+import pytest
+
 from kvtier.sim.simulator import Simulator, simulate
 
-from .helpers import BLOCK, config, disk, dram, engine, kvtier, request, shared_prefix
+from .helpers import BLOCK, TIMER, config, disk, dram, engine, kvtier, request, shared_prefix
 
 
 def _pushed_out(tier_specs, **kv):
@@ -70,3 +72,16 @@ def test_prompts_that_repeat_nothing_stop_being_stored_and_a_repeat_is_stored():
     always = Simulator(replace(cfg, kvtier=kvtier(dram(), admit="always")), [*one_shot, first])
     always.run()
     assert always.replicas[0].connector.stored_chunks == (window + 5) * 4
+
+
+def test_a_request_held_back_for_its_preload_goes_on_when_the_wait_is_over():
+    # one chunk on a tier that reads it in 3.2 s: the preload outlasts the 2 s wait, and the
+    # request is scheduled (recomputing) when the wait ends, not when the copy lands
+    slow = replace(disk(), read_bandwidth=1e4, latency_s=0.0)
+    sim = Simulator(config(kvtier=kvtier(dram(), slow)), [shared_prefix(0.0, 4 * BLOCK, 4, "w")])
+    r, conn = sim.requests[0], sim.replicas[0].connector
+    conn.by_name["disk"].hold(conn.chunk_key(r, 0), conn.chunk_bytes)
+    record = sim.run().records[0]
+    compute = TIMER.step_seconds([(4 * BLOCK, 0)], ())
+    assert record.ttft_s == pytest.approx(conn.spec.preload_wait_s + compute)
+    assert record.hit_tokens == {}

@@ -220,6 +220,7 @@ class Connector:
             return
         self.preload_queue.append((r, todo))
         self._pump(now, wake)
+        self.schedule(r.arrived_s + self.spec.preload_wait_s, wake)  # the hold ends: look again
 
     def _pump(self, now: float, wake: Callable[[float], None]) -> None:
         first = self.tiers[0]
@@ -247,7 +248,7 @@ class Connector:
 
     def holds_back(self, r: SimRequest, now: float) -> bool:
         """Whether ``r``'s turn waits for its preload (copies under way, within the wait)."""
-        return r.preload_pending > 0 and now - r.arrived_s < self.spec.preload_wait_s
+        return r.preload_pending > 0 and now < r.arrived_s + self.spec.preload_wait_s
 
 
 __all__ = ["Connector", "LoadPlan"]

@@ -104,6 +104,17 @@ class TieredCache(contextlib.AbstractContextManager):
         thread, maybe under its lock: keep it short and never call back into the cache)."""
         self._eviction_listeners.append(listener)
 
+    def add_write_listener(self, listener: Callable[[str, list[bytes], list[bytes]], None]) -> None:
+        """Call ``listener(tier name, keys stored, keys deleted)`` after each batch a writer
+        thread applies to a tier (from that thread: keep it short, never call back into the
+        cache). Stored: written, or found already there."""
+        names = self.names
+
+        def named(t: int, stored: list[bytes], deleted: list[bytes]) -> None:
+            listener(names[t], stored, deleted)
+
+        self._writes.listeners.append(named)
+
     def tier_up(self, index: int) -> bool:
         """False while tier ``index`` is being skipped after a failure."""
         return self._guard.up(index)

@@ -8,9 +8,10 @@ A write-back tier receives the blocks the tier above it is about to evict (spill
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from kvtier.cache.config import CacheConfig, TierOptions
@@ -18,6 +19,11 @@ from kvtier.cache.guard import TierGuard
 from kvtier.cache.workers import TierWriter, WriteJob
 from kvtier.codec import BlockMeta
 from kvtier.codec.container import RAW_META
+
+log = logging.getLogger("kvtier.cache")
+
+#: Hears what a writer thread did to tier ``t``: the keys now stored there, the keys deleted.
+WriteListener = Callable[[int, list[bytes], list[bytes]], None]
 
 
 class Writes:
@@ -29,6 +35,7 @@ class Writes:
         self._skip_existing = config.skip_existing
         self._admit_lock = threading.Lock()
         self._closed = False
+        self.listeners: list[WriteListener] = []
         self.through = [i for i, o in enumerate(self._opts) if o.write == "through"]
         self._writers = [
             TierWriter(
@@ -142,18 +149,22 @@ class Writes:
         if deletes:
             guard.changed()
             try:
-                tier.delete_many(deletes)
+                gone = tier.delete_many(deletes)
             except Exception as exc:
                 guard.failed(t, "delete", exc)
                 return
+            self._tell(t, [], [k for k, g in zip(deletes, gone, strict=True) if g])
         if not puts:
             return
         todo = list(puts.values())
+        held: list[bytes] = []  # already there (skip_existing): stored all the same
         try:
             if self._skip_existing:
                 present = tier.contains_many([j.key for j in todo])
+                held = [j.key for j, p in zip(todo, present, strict=True) if p]
                 todo = [j for j, p in zip(todo, present, strict=True) if not p]
             if not todo:
+                self._tell(t, held, [])
                 return
             began = time.perf_counter()
             done = tier.put_many([(j.key, j.payload, j.meta or RAW_META) for j in todo])
@@ -166,6 +177,7 @@ class Writes:
         written = [j for j, ok in zip(todo, done, strict=True) if ok]
         if written:
             guard.changed()
+        self._tell(t, held + [j.key for j in written], [])
         metrics.count(
             t,
             writes=len(written),
@@ -174,6 +186,15 @@ class Writes:
             write_backs=sum(j.kind == "spill" for j in written),
             rejected_writes=len(todo) - len(written),
         )
+
+    def _tell(self, t: int, stored: list[bytes], deleted: list[bytes]) -> None:
+        if not (stored or deleted):
+            return
+        for listener in self.listeners:
+            try:
+                listener(t, stored, deleted)
+            except Exception:  # a listener's bug must not stop the writer
+                log.exception("kvtier cache: a write listener failed")
 
     # --- life cycle ------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:

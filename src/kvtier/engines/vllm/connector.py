@@ -56,14 +56,16 @@ class KVTierConnector(KVConnectorBase_V1):
         namespace = engine_namespace(
             vllm_config, geometry, config.model_id, config.fingerprint, config.tenant
         )
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        events = bool(kv_events is not None and kv_events.enable_kv_cache_events)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(config, namespace, geometry)
+            self._scheduler = SchedulerSide(config, namespace, geometry, events)
         else:
             longest = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
             rank = worker_rank(geometry)
-            self._worker = WorkerSide(config, namespace, geometry, longest, rank)
+            self._worker = WorkerSide(config, namespace, geometry, longest, rank, events)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -112,6 +114,12 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
         return self._worker.take_report() if self._worker is not None else None
+
+    def get_kv_connector_kv_cache_events(self):
+        return self._worker.take_events() if self._worker is not None else None
+
+    def take_events(self):
+        return self._scheduler.take_events() if self._scheduler is not None else ()
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
         side = self._worker or self._scheduler

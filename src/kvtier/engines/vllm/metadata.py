@@ -14,6 +14,7 @@ are.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 try:  # the base classes exist only where vLLM is installed; the data is plain either way
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -30,12 +31,25 @@ except ImportError:  # pragma: no cover - used without vLLM only by tests of the
 
 
 @dataclass(frozen=True)
+class ChunkBlocks:
+    """A chunk as vLLM's prefix cache knows it, for KV events: its blocks' hashes (external
+    form), the hash of the block before it, its token ids and the LoRA adapter's name."""
+
+    hashes: tuple[Any, ...]
+    parent: Any
+    tokens: tuple[int, ...]
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True)
 class ChunkLoad:
-    """Read chunk ``key`` and write its blocks ``skip:skip+len(block_ids)`` into ``block_ids``."""
+    """Read chunk ``key`` and write its blocks ``skip:skip+len(block_ids)`` into ``block_ids``
+    (``blocks``: the chunk in vLLM's hashes, where KV events are on)."""
 
     key: bytes
     block_ids: tuple[int, ...]
     skip: int = 0
+    blocks: ChunkBlocks | None = None
 
 
 @dataclass(frozen=True)
@@ -56,12 +70,14 @@ class LoadJob:
 @dataclass(frozen=True)
 class StoreJob:
     """New full chunks of one request, computed by this step: ``keys[i]`` lives in the
-    request's blocks ``block_ids[i]`` (a chunk's worth of block ids each)."""
+    request's blocks ``block_ids[i]`` (a chunk's worth of block ids each); ``blocks[i]``: the
+    chunk in vLLM's hashes, where KV events are on."""
 
     req_id: str
     keys: tuple[bytes, ...]
     block_ids: tuple[tuple[int, ...], ...]
     values: tuple[float, ...] = ()
+    blocks: tuple[ChunkBlocks | None, ...] = ()
 
 
 @dataclass
@@ -108,4 +124,4 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
         return bool(self.synced or self.prefills or self.loads or self.changed or self.evicted)
 
 
-__all__ = ["ChunkLoad", "KVTierMetadata", "KVTierWorkerMeta", "LoadJob", "StoreJob"]
+__all__ = ["ChunkBlocks", "ChunkLoad", "KVTierMetadata", "KVTierWorkerMeta", "LoadJob", "StoreJob"]

@@ -40,6 +40,7 @@ import numpy as np
 from kvtier.cache.results import LookupResult
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
+from kvtier.engines.vllm.events import SchedulerEvents, chunk_blocks
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import (
     ChunkLoad,
@@ -160,7 +161,14 @@ class _Request:
 class SchedulerSide:
     """The connector's scheduler half over ``config``'s tiers."""
 
-    def __init__(self, config: ConnectorConfig, namespace: Namespace, geometry: EngineGeometry):
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        namespace: Namespace,
+        geometry: EngineGeometry,
+        events: bool = False,
+    ):
+        """``events``: vLLM publishes KV events; kvtier's stores and evictions join them."""
         self.config = config
         self.geometry = geometry
         self.chunk = config.chunk_tokens
@@ -168,6 +176,7 @@ class SchedulerSide:
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.keyer = ChunkKeyer(namespace, self.chunk)
         self.shards = Shards(namespace)
+        self._events = SchedulerEvents(self.shards.size) if events else None
         self._adapters = AdapterIdentities()
         self._unkeyable_seen: set[str] = set()  # reasons already logged at warning level
         # grows with every change to the tiers this half's cache does not see: a step that hands
@@ -194,7 +203,7 @@ class SchedulerSide:
         self._preload_wake = threading.Condition(self._lock)
         self._preload_in_flight = 0
         self._discards: list[tuple[bytes, str]] = []  # (chunk, tier) to delete every part of
-        self._promoted = PartBook()  # the chunks of the parts it preloaded
+        self._promoted: PartBook[bytes] = PartBook()  # the chunks of the parts it preloaded
         if self.shards.size > 1:
             self.cache.add_eviction_listener(self._on_evicted)
         self._closed = False
@@ -418,7 +427,8 @@ class SchedulerSide:
             last = min(b0 + self.blocks_per_chunk, end_block)
             if last <= b0 + skip:
                 break
-            chunks.append(ChunkLoad(keys[c], tuple(block_ids[b0 + skip : last]), skip))
+            blocks = self._blocks(st, c) if self._events is not None else None
+            chunks.append(ChunkLoad(keys[c], tuple(block_ids[b0 + skip : last]), skip, blocks))
         job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]), sync=st.sync)
         by_tier: dict[str, int] = {}
         for chunk, t in zip(job.chunks, job.tiers, strict=True):
@@ -496,8 +506,13 @@ class SchedulerSide:
                 st.request.request_id,
                 tuple(keys[c] for c in chosen),
                 tuple(tuple(st.block_ids[c * bpc : (c + 1) * bpc]) for c in chosen),
+                blocks=tuple(self._blocks(st, c) for c in chosen) if self._events else (),
             )
         )
+
+    def _blocks(self, st: _Request, chunk: int):
+        """Chunk ``chunk`` of the request in vLLM's block hashes (for KV events)."""
+        return chunk_blocks(st.request, chunk, self.blocks_per_chunk, self.geometry.block_size)
 
     def update_connector_output(self, connector_output) -> None:
         """Loads the worker finished: count and record them; its measurements feed the cost
@@ -522,6 +537,8 @@ class SchedulerSide:
             self.costs.observe_load(tier, nbytes, seconds, chunks)
         if report.changed:
             self._changes_elsewhere += 1  # blocks landed in (or left) the worker's tiers
+        if self._events is not None:
+            self._events.add(getattr(connector_output, "kv_cache_events", None))
         if report.evicted and self.shards.size > 1:  # every rank drops its part there too
             with self._lock:
                 self._discards.extend(dict.fromkeys(report.evicted))
@@ -569,6 +586,10 @@ class SchedulerSide:
     def take_stats(self):
         """Counters since the last call, as vLLM's stats object."""
         return self.counters.take()
+
+    def take_events(self) -> list:
+        """kvtier's KV events to publish since the last call (every rank's, merged)."""
+        return self._events.take() if self._events is not None else []
 
     # --- records -----------------------------------------------------------------------------
     def _record(self, st: _Request, loaded_tokens: int, wait: float = 0.0, failed: int = 0):

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 import xxhash
 
@@ -75,17 +76,20 @@ class Shards:
         return len(found.tiers) // n
 
 
-class PartBook:
-    """Which chunk each of the newest ``capacity`` parts a half wrote belongs to (thread-safe),
-    so that a tier's eviction of a part can name its chunk."""
+V = TypeVar("V")
+
+
+class PartBook(Generic[V]):
+    """What the newest ``capacity`` parts a half wrote belong to (thread-safe; by default their
+    chunk's key), so that a tier's store or eviction of a part can name what it concerns."""
 
     def __init__(self, capacity: int = 1 << 20):
         self.capacity = capacity
-        self._chunk_of: OrderedDict[bytes, bytes] = OrderedDict()
+        self._chunk_of: OrderedDict[bytes, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, parts: Sequence[bytes], chunks: Sequence[bytes]) -> None:
-        """``parts[i]`` belongs to chunk ``chunks[i]``."""
+    def remember(self, parts: Sequence[bytes], chunks: Sequence[V]) -> None:
+        """``parts[i]`` belongs to ``chunks[i]``."""
         with self._lock:
             for part, chunk in zip(parts, chunks, strict=True):
                 self._chunk_of[part] = chunk
@@ -93,8 +97,8 @@ class PartBook:
             while len(self._chunk_of) > self.capacity:
                 self._chunk_of.popitem(last=False)
 
-    def chunk(self, part: bytes) -> bytes | None:
-        """The chunk ``part`` belongs to, if remembered."""
+    def chunk(self, part: bytes) -> V | None:
+        """What ``part`` belongs to, if remembered."""
         with self._lock:
             return self._chunk_of.get(part)
 

@@ -32,6 +32,7 @@ from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
+from kvtier.engines.vllm.events import KVTierEvents, WorkerEvents
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
@@ -72,10 +73,12 @@ class WorkerSide:
         geometry: EngineGeometry,
         warm_tokens: int = 0,
         rank: int = 0,
+        events: bool = False,
     ):
         """``warm_tokens``: the longest request the engine takes; staging for a load that long is
         mapped and faulted in when the caches are registered, not during the first load.
-        ``rank``: this worker's tensor-parallel rank (its part of each chunk)."""
+        ``rank``: this worker's tensor-parallel rank (its part of each chunk). ``events``: vLLM
+        publishes KV events; what this worker's tiers store and drop joins them."""
         self.config = config
         self.geometry = geometry
         self.rank = rank
@@ -102,9 +105,12 @@ class WorkerSide:
         self._bound_at = 0.0
         self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
         self._meta_now: KVTierMetadata | None = None
-        self._parts_of = PartBook()  # the chunks of the parts it stored or loaded
+        self._parts_of: PartBook[bytes] = PartBook()  # the chunks of the parts it stored or loaded
         if self.shards.size > 1:
             self.cache.add_eviction_listener(self._on_evicted)
+        self._announcer = (
+            WorkerEvents(self.cache, config.tiers, geometry.block_size) if events else None
+        )
 
     # --- set-up -------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -199,6 +205,8 @@ class WorkerSide:
 
     def _load_into(self, job: LoadJob, layout: PagedLayout, bufs: list[np.ndarray]) -> list[int]:
         keys = self._parts(job)
+        if self._announcer is not None:  # its promotions into faster tiers are announced
+            self._announcer.expect(keys, [c.blocks for c in job.chunks])
         began = time.perf_counter()
         try:
             result = self.cache.load(keys, bufs)
@@ -280,6 +288,8 @@ class WorkerSide:
                 gather_blocks(layout, self._caches, block_ids, buf)
                 bufs.append(buf)
             parts = self.shards.keys(job.keys, self.rank)
+            if self._announcer is not None and job.blocks:
+                self._announcer.expect(parts, job.blocks)
             taken = self.cache.store(parts, bufs, meta=self._meta, copy=False)
             if self.shards.size > 1:
                 self._parts_of.remember(parts, job.keys)
@@ -317,6 +327,10 @@ class WorkerSide:
         """Blocks that failed to load since the last call."""
         errors, self._errors = self._errors, set()
         return errors
+
+    def take_events(self) -> KVTierEvents | None:
+        """KV events of this worker's tiers since the last call."""
+        return self._announcer.take() if self._announcer is not None else None
 
     def take_stats(self) -> KVTierStats | None:
         """Counters since the last call."""

@@ -83,3 +83,23 @@ def test_a_closed_write_side_takes_nothing(memory_tier):
     assert writes.store(keys, [kv_chunk(k) for k in keys], META, True, None) == 0
     assert writes.enqueue(0, []) == 0
     assert not any(tier.contains(k) for k in keys)
+
+
+def test_write_listeners_hear_what_landed_in_each_tier_and_what_was_deleted(
+    memory_tier, disk_tier
+):
+    fast, slow = memory_tier(16, "fast"), disk_tier(16, "slow")
+    writes, _guard, _metrics = _writes([fast, slow])
+    heard: list[tuple[int, list[bytes], list[bytes]]] = []
+    writes.listeners.append(lambda t, stored, deleted: heard.append((t, stored, deleted)))
+    keys = chunk_keys(2)
+    writes.store(keys, [kv_chunk(k) for k in keys], META, True, None)
+    assert writes.flush(timeout=30)
+    assert sorted(k for t, stored, _ in heard if t == 1 for k in stored) == sorted(keys)
+    assert sorted(k for t, stored, _ in heard if t == 0 for k in stored) == sorted(keys)
+    heard.clear()
+    writes.discard(1, keys[0])
+    writes.discard(1, b"\x09" * 16)  # never stored: not heard as deleted
+    assert writes.flush(timeout=30)
+    assert heard == [(1, [], [keys[0]])]
+    writes.close(timeout=5)

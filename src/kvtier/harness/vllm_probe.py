@@ -8,7 +8,7 @@ The spec (JSON) says how to build the engine and what to do::
      "prefix_caching": true, "blocks": 64, "max_model_len": 4096,
      "start_when": "/tmp/go", "run_when": "/tmp/turn",
      "lora_rank": 8, "prompt_embeds": true, "tp": 3, "kv_role": "kv_producer",
-     "kv_events": "ipc:///tmp/events",
+     "kv_events": "ipc:///tmp/events", "model": "/path/to/folder",
      "steps": [{"prompts": [[1, 2, ...], ...], "max_tokens": 16},
                {"prompts": [...], "lora": {"name": "A", "id": 1, "path": "/dir"},
                 "cache_salt": "tenant-a", "embeds": true,
@@ -17,17 +17,18 @@ The spec (JSON) says how to build the engine and what to do::
                {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
-``lora_rank`` enables LoRA adapters up to that rank, ``prompt_embeds`` prompts given as
-embeddings, ``tp`` tensor parallelism (one worker process per rank), ``kv_role`` the
-connector's role (default ``kv_both``), ``kv_events`` where vLLM publishes its KV events (a ZMQ
-endpoint). A prompt step may name a LoRA adapter (``lora``), a ``cache_salt``,
-``kv_transfer_params`` for its requests, or give its prompts as embeddings (``embeds``: each
-token id's row of the model's own embedding table, so the model sees what the ids would give
-it). Prompt steps run their prompts as one batch (so they run concurrently and can preempt each
-other in a small pool); the other steps damage tiers between prompts (flip bytes in files, or in
-the slab files of one writer process only, i.e. one rank's parts with tensor parallelism;
-delete files; replace a tier's directory with a file), synchronise with another process, or
-pause (``sleep``: seconds, e.g. for the connector's writer threads to finish a promotion).
+``model`` serves another model folder than the embedded model, ``lora_rank`` enables LoRA
+adapters up to that rank, ``prompt_embeds`` prompts given as embeddings, ``tp`` tensor
+parallelism (one worker process per rank), ``kv_role`` the connector's role (default
+``kv_both``), ``kv_events`` where vLLM publishes its KV events (a ZMQ endpoint). A prompt step
+may name a LoRA adapter (``lora``), a ``cache_salt``, ``kv_transfer_params`` for its requests,
+or give its prompts as embeddings (``embeds``: each token id's row of the model's own embedding
+table, so the model sees what the ids would give it). Prompt steps run their prompts as one
+batch (so they run concurrently and can preempt each other in a small pool); the other steps
+damage tiers between prompts (flip bytes in files, or in the slab files of one writer process
+only, i.e. one rank's parts with tensor parallelism; delete files; replace a tier's directory
+with a file), synchronise with another process, or pause (``sleep``: seconds, e.g. for the
+connector's writer threads to finish a promotion).
 ``start_when`` holds the engine's construction (not vLLM's import) until that file exists,
 ``run_when`` the first step (engines start up together, then compute one at a time).
 The output is ``{"steps": [{"tokens": [[...], ...], "kv_transfer_params": [...], "seconds": s},
@@ -157,7 +158,7 @@ def main(argv: list[str]) -> int:
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.engines.vllm.dtype import engine_dtype
 
-    folder, _, _ = embedded_model_folder()
+    folder = Path(spec["model"]) if spec.get("model") else embedded_model_folder()[0]
     if spec.get("start_when"):
         _damage({"wait_for": spec["start_when"], "timeout": 900})
     kw: dict = {}

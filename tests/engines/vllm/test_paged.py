@@ -7,7 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvtier.engines.vllm.paged import PagedLayout, gather_blocks, scatter_blocks  # noqa: E402
+from kvtier.engines.vllm.paged import (  # noqa: E402
+    PagedLayout,
+    gather_blocks,
+    gather_layers,
+    scatter_blocks,
+    scatter_layers,
+)
 from kvtier.errors import ConfigError  # noqa: E402
 
 LAYERS, BLOCKS, HEADS, BLOCK, HEAD_DIM = 3, 12, 3, 16, 64
@@ -26,11 +32,11 @@ def test_a_chunk_gathered_from_some_blocks_scatters_into_others_bit_for_bit(dtyp
     assert layout.blocks_per_chunk(3 * BLOCK) == 3
     buf = np.empty(layout.chunk_bytes(3 * BLOCK), np.uint8)
     gather_blocks(layout, src, [7, 2, 9], buf)
-    scatter_blocks(layout, dst, [0, 5, 11], buf)
+    scatter_blocks(layout, dst, [1, 5, 11], buf)
     for s, d in zip(src, dst, strict=True):
-        for a, b in ((7, 0), (2, 5), (9, 11)):
+        for a, b in ((7, 1), (2, 5), (9, 11)):
             assert torch.equal(s[a].view(torch.uint8), d[b].view(torch.uint8))
-        untouched = [i for i in range(BLOCKS) if i not in (0, 5, 11)]
+        untouched = [i for i in range(BLOCKS) if i not in (1, 5, 11)]
         assert not d[untouched].any()
     # layer-major, block by block: the first block's bytes open the buffer
     assert (
@@ -55,3 +61,19 @@ def test_layers_must_be_alike():
         PagedLayout.of(mixed, BLOCK)
     with pytest.raises(ConfigError, match="no KV cache"):
         PagedLayout.of([], BLOCK)
+
+
+def test_each_layer_scatters_into_its_own_groups_blocks_and_never_into_the_null_block():
+    """Layers of two KV-cache groups (full attention, sliding window): each takes its own
+    group's block ids; the sliding window's null block (0) is left alone."""
+    src, dst = caches(), [torch.zeros_like(c) for c in caches()]
+    layout = PagedLayout.of(src, BLOCK)
+    buf = np.empty(layout.chunk_bytes(2 * BLOCK), np.uint8)
+    gather_layers(layout, src, [[3, 4]] * layout.layers, buf)
+    ids = [[6, 7] if layer % 2 == 0 else [0, 9] for layer in range(layout.layers)]
+    scatter_layers(layout, dst, buf, 2, 0, ids)
+    for layer, (s, d) in enumerate(zip(src, dst, strict=True)):
+        for a, b in zip((3, 4), ids[layer], strict=True):
+            if b:
+                assert torch.equal(s[a].view(torch.uint8), d[b].view(torch.uint8))
+        assert not d[0].any()

@@ -195,7 +195,7 @@ def _stored_chunks(side: SchedulerSide, tokens: list[int], rid: str) -> int:
     req = _request(tokens, rid)
     side.on_new_request(req)
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)
-    blocks = list(range(len(tokens) // GEOMETRY.block_size + 1))
+    blocks = list(range(1, len(tokens) // GEOMETRY.block_size + 2))  # 0 is vLLM's null block
     side.update_state_after_alloc(req, Blocks(blocks), 0)
     step = _empty_step()
     step.scheduled_new_reqs = [
@@ -385,10 +385,10 @@ def test_a_producer_never_loads_stores_every_chunk_and_says_how_many(dirs):
         req = _request(tokens)
         side.on_new_request(req)
         assert side.get_num_new_matched_tokens(req, 0) == (0, False)
-        side.update_state_after_alloc(req, Blocks(range(5)), 0)
-        (store,) = side.build_connector_meta(_store_step("r1", len(tokens), [0, 1, 2, 3, 4])).stores
+        side.update_state_after_alloc(req, Blocks(range(1, 6)), 0)
+        (store,) = side.build_connector_meta(_store_step("r1", len(tokens), [1, 2, 3, 4, 5])).stores
         assert len(store.keys) == 2  # every chunk, though no earlier prompt repeated them
-        assert side.request_finished(req, [0, 1, 2, 3, 4]) == (False, {"kvtier_chunks": 2})
+        assert side.request_finished(req, [1, 2, 3, 4, 5]) == (False, {"kvtier_chunks": 2})
     finally:
         side.close()
 
@@ -415,9 +415,9 @@ def test_a_consumer_waits_for_the_chunks_its_producer_stored_and_never_stores(di
             got = side.get_num_new_matched_tokens(req, 0)
         assert got[0] == 3 * CHUNK
         assert side.counters.take().data["counts"]["producer_waits"] >= 1
-        side.update_state_after_alloc(req, Blocks(range(4)), got[0])
-        assert side.build_connector_meta(_store_step("r1", len(tokens), [0, 1, 2, 3])).stores == []
-        assert side.request_finished(req, [0, 1, 2, 3]) == (False, None)
+        side.update_state_after_alloc(req, Blocks(range(1, 8)), got[0])
+        assert side.build_connector_meta(_store_step("r1", len(tokens), [1, 2, 3, 4])).stores == []
+        assert side.request_finished(req, [1, 2, 3, 4]) == (False, None)
     finally:
         side.close()
 
@@ -437,5 +437,55 @@ def test_a_consumer_stops_waiting_after_producer_wait_s_and_computes(dirs):
         assert side.get_num_new_matched_tokens(req, 0) == (None, False)
         time.sleep(0.3)
         assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # never stored: computed
+    finally:
+        side.close()
+
+
+class TwoGroups:
+    """vLLM's KVCacheBlocks with two KV-cache groups (full attention, sliding window)."""
+
+    def __init__(self, full, sliding):
+        self.ids = (list(full), list(sliding))
+
+    def get_block_ids(self):
+        return self.ids
+
+
+def test_with_two_kv_cache_groups_loads_and_stores_name_each_groups_blocks(dirs):
+    _host, disk = dirs
+    tokens = list(range(9000, 9000 + 3 * CHUNK + 5))
+    keys = _on_disk(disk, tokens)
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False)
+    side = SchedulerSide(config, NS, GEOMETRY)
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        n, _ = side.get_num_new_matched_tokens(req, 0)
+        assert n == 3 * CHUNK
+        # the sliding window's blocks before its window are vLLM's null block (0)
+        side.update_state_after_alloc(req, TwoGroups(range(10, 17), [0, 0, 0, 0, 20, 21, 22]), n)
+        (job,) = side.build_connector_meta(_empty_step()).loads
+        assert [c.key for c in job.chunks] == keys
+        assert job.chunks[0].group_ids(1) == (0, 0) and job.chunks[2].group_ids(1) == (20, 21)
+        assert job.block_ids == list(range(10, 16))  # the first group's, for the accounting
+        assert 0 not in job.all_block_ids()
+        # a new request's chunk whose sliding-window block vLLM already dropped is not stored
+        other = _request(list(range(11000, 11000 + 2 * CHUNK + 1)), "r2")
+        side.on_new_request(other)
+        side.get_num_new_matched_tokens(other, 0)
+        side.update_state_after_alloc(other, TwoGroups(range(30, 35), range(40, 45)), 0)
+        step = _empty_step()
+        step.scheduled_new_reqs = [
+            SimpleNamespace(
+                req_id="r2",
+                block_ids=([30, 31, 32, 33, 34], [0, 0, 42, 43, 44]),
+                num_computed_tokens=0,
+            )
+        ]
+        step.num_scheduled_tokens = {"r2": 2 * CHUNK + 1}
+        (store,) = side.build_connector_meta(step).stores
+        assert len(store.keys) == 1 and store.group_ids(0, 0) == (32, 33)
+        assert store.group_ids(0, 1) == (42, 43)
+        assert side.take_stats().data["counts"]["unstorable_chunks"] == 1
     finally:
         side.close()

@@ -27,9 +27,11 @@ check_vllm()
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorBase_V1,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from kvtier.engines.vllm.config import ConnectorConfig  # noqa: E402
+from kvtier.engines.vllm.groups import KVGroups  # noqa: E402
 from kvtier.engines.vllm.identity import (  # noqa: E402
     engine_geometry,
     engine_namespace,
@@ -44,8 +46,9 @@ if TYPE_CHECKING:
     import torch
 
 
-class KVTierConnector(KVConnectorBase_V1):
-    """kvtier's tiered KV cache behind vLLM's KV-connector interface."""
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+    """kvtier's tiered KV cache behind vLLM's KV-connector interface (with vLLM's hybrid
+    KV-cache manager: full-attention and sliding-window groups; other kinds are refused)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -53,6 +56,7 @@ class KVTierConnector(KVConnectorBase_V1):
         kv_role = getattr(self._kv_transfer_config, "kv_role", None)
         self.kvtier_config = config = ConnectorConfig.from_extra(extra).for_role(kv_role)
         geometry = engine_geometry(vllm_config)
+        groups = KVGroups.of(kv_cache_config)
         namespace = engine_namespace(
             vllm_config, geometry, config.model_id, config.fingerprint, config.tenant
         )
@@ -65,7 +69,7 @@ class KVTierConnector(KVConnectorBase_V1):
         else:
             longest = int(getattr(vllm_config.model_config, "max_model_len", 0) or 0)
             rank = worker_rank(geometry)
-            self._worker = WorkerSide(config, namespace, geometry, longest, rank, events)
+            self._worker = WorkerSide(config, namespace, geometry, longest, rank, events, groups)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -156,6 +160,9 @@ class KVTierConnector(KVConnectorBase_V1):
         if self._scheduler is None:
             return False, None
         return self._scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids)
 
     # --- class-level hooks ----------------------------------------------------------------------
     @classmethod

@@ -8,7 +8,9 @@ A chunk covers ``chunk_tokens`` tokens: ``chunk_tokens / block_size`` consecutiv
 the request. A load may need only part of its first chunk (vLLM's own prefix cache already holds
 the leading blocks) or of its last (vLLM computes at least the prompt's last token itself):
 ``skip`` leading blocks of the chunk are not written and ``block_ids`` name only the blocks that
-are.
+are. With more than one KV-cache group (vLLM's hybrid manager), ``groups`` holds the block ids
+of every group (``block_ids`` is the first's); a sliding-window group's ids may be vLLM's null
+block, which is never written.
 """
 
 from __future__ import annotations
@@ -44,12 +46,18 @@ class ChunkBlocks:
 @dataclass(frozen=True)
 class ChunkLoad:
     """Read chunk ``key`` and write its blocks ``skip:skip+len(block_ids)`` into ``block_ids``
-    (``blocks``: the chunk in vLLM's hashes, where KV events are on)."""
+    (``groups``: into each KV-cache group's, where there are several; ``blocks``: the chunk in
+    vLLM's hashes, where KV events are on)."""
 
     key: bytes
     block_ids: tuple[int, ...]
     skip: int = 0
     blocks: ChunkBlocks | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+
+    def group_ids(self, group: int) -> tuple[int, ...]:
+        """The block ids of KV-cache group ``group``."""
+        return self.groups[group] if self.groups else self.block_ids
 
 
 @dataclass(frozen=True)
@@ -63,21 +71,36 @@ class LoadJob:
 
     @property
     def block_ids(self) -> list[int]:
-        """Every block this load writes, in order."""
+        """The blocks this load writes in the first KV-cache group, in order."""
         return [b for c in self.chunks for b in c.block_ids]
+
+    def all_block_ids(self, chunks: tuple[ChunkLoad, ...] | None = None) -> list[int]:
+        """Every block of every group that ``chunks`` (all by default) write, null blocks left
+        out: what vLLM recomputes when they fail."""
+        out: list[int] = []
+        for c in self.chunks if chunks is None else chunks:
+            for ids in c.groups or (c.block_ids,):
+                out.extend(b for b in ids if b != 0)
+        return out
 
 
 @dataclass(frozen=True)
 class StoreJob:
     """New full chunks of one request, computed by this step: ``keys[i]`` lives in the
     request's blocks ``block_ids[i]`` (a chunk's worth of block ids each); ``blocks[i]``: the
-    chunk in vLLM's hashes, where KV events are on."""
+    chunk in vLLM's hashes, where KV events are on; ``groups[i]``: chunk ``i``'s block ids in
+    every KV-cache group, where there are several."""
 
     req_id: str
     keys: tuple[bytes, ...]
     block_ids: tuple[tuple[int, ...], ...]
     values: tuple[float, ...] = ()
     blocks: tuple[ChunkBlocks | None, ...] = ()
+    groups: tuple[tuple[tuple[int, ...], ...], ...] = ()
+
+    def group_ids(self, chunk: int, group: int) -> tuple[int, ...]:
+        """Chunk ``chunk``'s block ids in KV-cache group ``group``."""
+        return self.groups[chunk][group] if self.groups else self.block_ids[chunk]
 
 
 @dataclass

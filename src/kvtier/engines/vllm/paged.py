@@ -100,12 +100,18 @@ def gather_blocks(layout: PagedLayout, caches, block_ids: Sequence[int], out) ->
     """Copy blocks ``block_ids`` of every layer into ``out``, a chunk's byte buffer.
 
     ``caches``: the per-layer tensors, or their :func:`byte_views`."""
-    rows = _chunk_rows(layout, len(block_ids), out)
+    gather_layers(layout, caches, [block_ids] * layout.layers, out)
+
+
+def gather_layers(layout: PagedLayout, caches, ids_by_layer: Sequence[Sequence[int]], out) -> None:
+    """Copy each layer's blocks ``ids_by_layer[layer]`` (one chunk's worth each: layers of
+    different KV-cache groups use different block tables) into ``out``."""
+    rows = _chunk_rows(layout, len(ids_by_layer[0]), out)
     if not rows.flags.writeable:
         _refuse_readonly()
     for layer, cache in enumerate(_views(caches)):
         dst = rows[layer]
-        for j, block in enumerate(block_ids):
+        for j, block in enumerate(ids_by_layer[layer]):
             dst[j] = cache[block]
 
 
@@ -125,19 +131,40 @@ def scatter_part(
 ) -> None:
     """Copy blocks ``skip:skip+len(block_ids)`` of a chunk of ``blocks_per_chunk`` blocks into
     blocks ``block_ids`` of every layer (a load that needs only part of a chunk)."""
-    if skip < 0 or skip + len(block_ids) > blocks_per_chunk:
-        raise ConfigError(
-            f"blocks {skip}..{skip + len(block_ids)} are not in a chunk of {blocks_per_chunk}"
-        )
+    scatter_layers(layout, caches, chunk, blocks_per_chunk, skip, [block_ids] * layout.layers)
+
+
+def scatter_layers(
+    layout: PagedLayout,
+    caches,
+    chunk,
+    blocks_per_chunk: int,
+    skip: int,
+    ids_by_layer: Sequence[Sequence[int]],
+) -> None:
+    """:func:`scatter_part` with each layer's own block ids (layers of different KV-cache
+    groups); vLLM's null block (id 0, a sliding window's blocks outside it) is never written."""
+    count = len(ids_by_layer[0])
+    if skip < 0 or skip + count > blocks_per_chunk:
+        raise ConfigError(f"blocks {skip}..{skip + count} are not in a chunk of {blocks_per_chunk}")
     rows = _chunk_rows(layout, blocks_per_chunk, chunk)
     for layer, cache in enumerate(_views(caches)):
         src = rows[layer]
-        for j, block in enumerate(block_ids):
-            cache[block] = src[skip + j]
+        for j, block in enumerate(ids_by_layer[layer]):
+            if block:
+                cache[block] = src[skip + j]
 
 
 def _refuse_readonly() -> None:
     raise ConfigError("the chunk buffer to gather into is read-only")
 
 
-__all__ = ["PagedLayout", "byte_views", "gather_blocks", "scatter_blocks", "scatter_part"]
+__all__ = [
+    "PagedLayout",
+    "byte_views",
+    "gather_blocks",
+    "gather_layers",
+    "scatter_blocks",
+    "scatter_layers",
+    "scatter_part",
+]

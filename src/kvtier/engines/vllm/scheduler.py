@@ -41,6 +41,7 @@ from kvtier.cache.results import LookupResult
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
 from kvtier.engines.vllm.events import SchedulerEvents, chunk_blocks
+from kvtier.engines.vllm.groups import usable
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import (
     ChunkLoad,
@@ -130,7 +131,7 @@ class _Request:
     unkeyable: str = ""  # why its KV cannot be keyed safely: it neither loads nor stores
     keys: list[bytes] = field(default_factory=list)
     keyed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)  # per KV-cache group
     stored: int = 0  # leading chunks kvtier holds or was handed
     plan: tuple[int, int, list[int]] | None = None  # (local tokens, chunks wanted, tiers)
     load: LoadJob | None = None
@@ -414,8 +415,9 @@ class SchedulerSide:
             return
         local_tokens, want, tiers = st.plan
         st.plan = None
-        block_ids = list(blocks.get_block_ids()[0])
-        st.block_ids = block_ids
+        groups = [list(ids) for ids in blocks.get_block_ids()]
+        block_ids = groups[0]
+        st.block_ids = groups
         bs = self.geometry.block_size
         first_block = local_tokens // bs
         end_block = (local_tokens + num_external_tokens) // bs
@@ -428,7 +430,9 @@ class SchedulerSide:
             if last <= b0 + skip:
                 break
             blocks = self._blocks(st, c) if self._events is not None else None
-            chunks.append(ChunkLoad(keys[c], tuple(block_ids[b0 + skip : last]), skip, blocks))
+            every = tuple(tuple(g[b0 + skip : last]) for g in groups) if len(groups) > 1 else ()
+            ids = tuple(block_ids[b0 + skip : last])
+            chunks.append(ChunkLoad(keys[c], ids, skip, blocks, every))
         job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]), sync=st.sync)
         by_tier: dict[str, int] = {}
         for chunk, t in zip(job.chunks, job.tiers, strict=True):
@@ -458,7 +462,7 @@ class SchedulerSide:
             computed[new.req_id] = int(new.num_computed_tokens)
             st = self._reqs.get(new.req_id)
             if st is not None:
-                st.block_ids = list(new.block_ids[0])
+                st.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_store(meta, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -468,9 +472,12 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+                st.block_ids = [list(ids) for ids in new_ids] if new_ids is not None else []
             elif new_ids is not None:
-                st.block_ids.extend(new_ids[0])
+                if not st.block_ids:
+                    st.block_ids = [[] for _ in new_ids]
+                for mine, more in zip(st.block_ids, new_ids, strict=True):
+                    mine.extend(more)
             self._plan_store(meta, st, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
         if meta.stores:
             self._changes_elsewhere += 1
@@ -489,13 +496,19 @@ class SchedulerSide:
         full = computed // self.chunk
         if full <= st.stored:
             return
-        if len(st.block_ids) < full * self.blocks_per_chunk:
+        if not st.block_ids or min(map(len, st.block_ids)) < full * self.blocks_per_chunk:
             return  # the blocks are not all known here (should not happen): store nothing
         keys = self._keys(st, full * self.chunk)
         bpc = self.blocks_per_chunk
         chosen = self._admission.admitted(range(st.stored, full), st.repeats)
         if len(chosen) < full - st.stored:
             self.counters.add("unadmitted_chunks", full - st.stored - len(chosen))
+        # a chunk one of whose blocks vLLM already dropped (a sliding window's null block)
+        # cannot be stored whole
+        whole = [c for c in chosen if all(usable(g[c * bpc : (c + 1) * bpc]) for g in st.block_ids)]
+        if len(whole) < len(chosen):
+            self.counters.add("unstorable_chunks", len(chosen) - len(whole))
+            chosen = whole
         st.stored = full
         if not chosen:
             return
@@ -505,8 +518,13 @@ class SchedulerSide:
             StoreJob(
                 st.request.request_id,
                 tuple(keys[c] for c in chosen),
-                tuple(tuple(st.block_ids[c * bpc : (c + 1) * bpc]) for c in chosen),
+                tuple(tuple(st.block_ids[0][c * bpc : (c + 1) * bpc]) for c in chosen),
                 blocks=tuple(self._blocks(st, c) for c in chosen) if self._events else (),
+                groups=tuple(
+                    tuple(tuple(g[c * bpc : (c + 1) * bpc]) for g in st.block_ids) for c in chosen
+                )
+                if len(st.block_ids) > 1
+                else (),
             )
         )
 
@@ -545,11 +563,14 @@ class SchedulerSide:
 
     def _finish_load(self, st: _Request, wait: float, failed: set[int], now: float) -> None:
         assert st.load is not None
-        blocks = st.load.block_ids
-        bad = [b for b in blocks if b in failed]
-        loaded_tokens = (
-            len(blocks) if not bad else blocks.index(bad[0])
-        ) * self.geometry.block_size
+        chunks = st.load.chunks
+        bad = [b for b in st.load.all_block_ids() if b in failed]
+        whole = 0  # the chunks loaded before the first that failed (in any group)
+        while whole < len(chunks) and not any(
+            b in failed for b in st.load.all_block_ids(chunks[whole : whole + 1])
+        ):
+            whole += 1
+        loaded_tokens = sum(len(c.block_ids) for c in chunks[:whole]) * self.geometry.block_size
         self.counters.observe("kv_wait_seconds", wait)
         self.counters.add("loaded_tokens", loaded_tokens)
         self.counters.add("predicted_load_seconds", st.predicted_load_s)
@@ -559,8 +580,8 @@ class SchedulerSide:
             st.failed = True
             until = now + BAD_KEY_S
             first_bad = None
-            for chunk in st.load.chunks:
-                if any(b in failed for b in chunk.block_ids):
+            for chunk in chunks[whole:]:
+                if any(b in failed for b in st.load.all_block_ids((chunk,))):
                     self._bad[chunk.key] = until
                     if first_bad is None:
                         first_bad = st.keys.index(chunk.key)

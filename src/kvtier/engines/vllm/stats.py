@@ -47,6 +47,7 @@ COUNTERS = {
     "stored_chunks": "chunks handed to kvtier's tiers",
     "dropped_chunks": "chunks a full write queue dropped (counted by each rank that dropped one)",
     "unadmitted_chunks": "new chunks not stored: no earlier prompt held them (admit)",
+    "unstorable_chunks": "new chunks not stored: vLLM had dropped a block of them (sliding window)",
     "store_seconds": "seconds the forward path spent copying new chunks out",
     "preloaded_chunks": "chunks moved up into the first tier while their request was queued",
     "preload_holds": "times a queued request was held back while its KV was moving up",

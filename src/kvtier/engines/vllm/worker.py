@@ -33,10 +33,11 @@ from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.events import KVTierEvents, WorkerEvents
+from kvtier.engines.vllm.groups import KVGroups
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
-from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_blocks, scatter_part
+from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_layers, scatter_layers
 from kvtier.engines.vllm.shards import PartBook, Shards
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError
@@ -53,14 +54,19 @@ SPLIT_CHUNKS = 4
 LOAD_PIN_S = 60.0
 
 
-def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The caches ordered by layer number (the first integer in each layer's name)."""
+def layer_names(kv_caches: Mapping[str, torch.Tensor]) -> list[str]:
+    """The layers' names ordered by layer number (the first integer in each name)."""
 
     def index(name: str) -> tuple[int, str]:
         m = _LAYER_INDEX.search(name)
         return (int(m.group(1)) if m else -1, name)
 
-    return [kv_caches[name] for name in sorted(kv_caches, key=index)]
+    return sorted(kv_caches, key=index)
+
+
+def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The caches ordered by layer number (the first integer in each layer's name)."""
+    return [kv_caches[name] for name in layer_names(kv_caches)]
 
 
 class WorkerSide:
@@ -74,16 +80,20 @@ class WorkerSide:
         warm_tokens: int = 0,
         rank: int = 0,
         events: bool = False,
+        groups: KVGroups | None = None,
     ):
         """``warm_tokens``: the longest request the engine takes; staging for a load that long is
         mapped and faulted in when the caches are registered, not during the first load.
         ``rank``: this worker's tensor-parallel rank (its part of each chunk). ``events``: vLLM
-        publishes KV events; what this worker's tiers store and drop joins them."""
+        publishes KV events; what this worker's tiers store and drop joins them. ``groups``:
+        vLLM's KV-cache groups (which block table each layer uses; one by default)."""
         self.config = config
         self.geometry = geometry
         self.rank = rank
         self.shards = Shards(namespace)
         self.lead = rank == 0  # counts what is per chunk or per token, not per part
+        self.groups = groups or KVGroups.single()
+        self._layer_group: list[int] = []  # each layer's KV-cache group, in layer order
         self.chunk = config.chunk_tokens
         self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
@@ -115,7 +125,9 @@ class WorkerSide:
     # --- set-up -------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Take vLLM's paged KV tensors (one per layer) and check they are what kvtier moves."""
-        caches = layer_order(kv_caches)
+        names = layer_names(kv_caches)
+        caches = [kv_caches[n] for n in names]
+        self._layer_group = self.groups.of_layers(names)
         layout = PagedLayout.of(caches, self.geometry.block_size)
         g = self.geometry
         expect = g.kv_heads * g.block_size * 2 * g.head_dim * g.itemsize
@@ -191,7 +203,7 @@ class WorkerSide:
         """Read and scatter one request's chunks; the block ids that failed."""
         layout = self.layout
         if layout is None or not job.chunks:
-            return job.block_ids
+            return job.all_block_ids()
         taken = [self._staging.take(self.chunk_bytes) for _ in job.chunks]
         try:
             return self._load_into(job, layout, [t[: self.chunk_bytes] for t in taken])
@@ -219,9 +231,8 @@ class WorkerSide:
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
         for chunk, buf in zip(job.chunks[:loaded], bufs, strict=False):
-            scatter_part(
-                layout, self._caches, buf, self.blocks_per_chunk, chunk.skip, chunk.block_ids
-            )
+            ids = [chunk.group_ids(g) for g in self._layer_group]
+            scatter_layers(layout, self._caches, buf, self.blocks_per_chunk, chunk.skip, ids)
         if result is not None and loaded:
             tiers = result.tiers[:loaded]
             for t in sorted(set(tiers)):
@@ -240,7 +251,7 @@ class WorkerSide:
                 with self._lock:
                     self._report.loads.append((name, nbytes, share, n))
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
-        failed = [b for c in job.chunks[loaded:] for b in c.block_ids]
+        failed = job.all_block_ids(job.chunks[loaded:])
         if failed:
             self.counters.add("load_errors", len(job.chunks) - loaded)
             log.warning(
@@ -283,9 +294,10 @@ class WorkerSide:
         began = time.perf_counter()
         for job in meta.stores:
             bufs = []
-            for block_ids in job.block_ids:
+            for i in range(len(job.keys)):
                 buf = np.empty(self.chunk_bytes, dtype=np.uint8)
-                gather_blocks(layout, self._caches, block_ids, buf)
+                ids = [job.group_ids(i, g) for g in self._layer_group]
+                gather_layers(layout, self._caches, ids, buf)
                 bufs.append(buf)
             parts = self.shards.keys(job.keys, self.rank)
             if self._announcer is not None and job.blocks:
@@ -352,4 +364,4 @@ class WorkerSide:
         close_cache(self.cache)
 
 
-__all__ = ["WorkerSide", "layer_order"]
+__all__ = ["WorkerSide", "layer_names", "layer_order"]

@@ -1,0 +1,93 @@
+"""Tiny random-weight models of other architectures, built from a transformers config.
+
+Correctness tests of the connector need a model's KV layout and attention kinds, not trained
+weights: a few-layer Llama with sliding-window layers (all, or alternating with full attention)
+is built here in seconds, with the embedded model's tokenizer, and saved as a safetensors
+folder vLLM serves.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+#: The tokenizer files copied from the embedded model's folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def tiny_llama(
+    folder: Path,
+    layer_types: list[str],
+    sliding_window: int,
+    seed: int = 0,
+) -> Path:
+    """A random-weight Llama in ``folder`` with one layer per entry of ``layer_types``
+    (``full_attention`` or ``sliding_attention`` of ``sliding_window`` tokens), the embedded
+    model's vocabulary and tokenizer, in bfloat16. Returns ``folder``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvtier.engines.embedded import embedded_model_folder
+
+    source, _, _ = embedded_model_folder()
+    base = json.loads((source / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=base["vocab_size"],
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        initializer_range=0.2,  # logits far apart: greedy decoding does not sit on near-ties
+        tie_word_embeddings=True,
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+        pad_token_id=base.get("pad_token_id"),
+    )
+    config.layer_types = list(layer_types)
+    config.sliding_window = sliding_window
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    saved = json.loads((folder / "config.json").read_text())
+    saved["layer_types"] = list(layer_types)
+    saved["sliding_window"] = sliding_window
+    (folder / "config.json").write_text(json.dumps(saved, indent=2))
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+def tiny_mamba(folder: Path, seed: int = 0) -> Path:
+    """A random-weight two-layer Mamba in ``folder`` (its state is no per-token KV), with the
+    embedded model's tokenizer. Returns ``folder``."""
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from kvtier.engines.embedded import embedded_model_folder
+
+    source, _, _ = embedded_model_folder()
+    base = json.loads((source / "config.json").read_text())
+    config = MambaConfig(
+        vocab_size=base["vocab_size"],
+        hidden_size=128,
+        state_size=16,
+        num_hidden_layers=2,
+        bos_token_id=base.get("bos_token_id"),
+        eos_token_id=base.get("eos_token_id"),
+        pad_token_id=base.get("pad_token_id"),
+    )
+    torch.manual_seed(seed)
+    MambaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+__all__ = ["tiny_llama", "tiny_mamba"]

@@ -85,9 +85,7 @@ def test_a_closed_write_side_takes_nothing(memory_tier):
     assert not any(tier.contains(k) for k in keys)
 
 
-def test_write_listeners_hear_what_landed_in_each_tier_and_what_was_deleted(
-    memory_tier, disk_tier
-):
+def test_write_listeners_hear_what_landed_in_each_tier_and_what_was_deleted(memory_tier, disk_tier):
     fast, slow = memory_tier(16, "fast"), disk_tier(16, "slow")
     writes, _guard, _metrics = _writes([fast, slow])
     heard: list[tuple[int, list[bytes], list[bytes]]] = []

@@ -5,6 +5,7 @@
     scripts/measurements.py codec REPORT.json [REPORT.json …] --out docs/benchmarks/codec-tiers.md
     scripts/measurements.py run REPORT.json [REPORT.json …] --out docs/benchmarks/run.md
     scripts/measurements.py serve REPORT.json [REPORT.json …] --out docs/benchmarks/serve.md
+    scripts/measurements.py fleet REPORT.json [REPORT.json …] --out docs/benchmarks/sim-fleet.md
     scripts/measurements.py ab --before B.json … --after A.json … --out A-B.md
 
 ``storage`` tabulates `kvtier bench storage` reports: kvtier ÷ reference per block size, tier,
@@ -13,7 +14,8 @@ verdict of the median. ``codec`` takes `kvtier bench storage` reports of coded t
 one run whose URLs differ only in ``codec=``, or a tier against its raw twin, ``--reference
 raw``), `kvtier bench codec` reports and `kvtier run --disk-codec` reports. ``run`` takes `kvtier
 run --json` reports, ``serve`` `kvtier bench serve --json` reports and those of
-``scripts/connector_overhead.py`` and ``scripts/dram_prefix_ttft.py``. ``ab`` compares two
+``scripts/connector_overhead.py`` and ``scripts/dram_prefix_ttft.py``, ``fleet`` `kvtier
+simulate --sweep replicas=… --sweep routing=… --json` reports. ``ab`` compares two
 versions of the code measured in one session (runs alternating): per cell the median and range
 of each, whether the new median is at least 0.95 × the old one or inside the old range, and
 whether a target the old code met is still met.
@@ -55,7 +57,7 @@ class Report:
 
     path: Path
     doc: dict
-    kind: str  # storage, codec, run, serve, overhead, prefix-ttft
+    kind: str  # storage, codec, run, serve, overhead, prefix-ttft, fleet
     measured: str | None
     command: str | None
     cpu: str | None
@@ -77,6 +79,8 @@ def kind_of(doc: dict) -> str | None:
         return "overhead"
     if {"prefix_tokens", "ratio_median"} <= doc.keys():
         return "prefix-ttft"
+    if {"config", "sweep", "series", "rows"} <= doc.keys():
+        return "fleet"
     return None
 
 
@@ -624,6 +628,71 @@ def render_serve(reports: list[Report]) -> list[str]:
     return out
 
 
+def storage_of(cfg: dict) -> str:
+    """A simulated replica's tiers below its engine, in a few words."""
+    kv = cfg.get("kvtier")
+    if not kv:
+        return "the engines alone (no kvtier)"
+    tiers = []
+    for t in kv["tiers"]:
+        size = t.get("capacity_bytes")
+        where = "shared by the fleet" if t.get("shared") else "per replica"
+        held = f"{size / 1e9:,.0f} GB" if size else "unlimited"
+        tiers.append(f"{t['name']} {held} {where} ({t['read_bandwidth'] / 1e9:g} GB/s reads)")
+    return "kvtier's " + ", ".join(tiers)
+
+
+def seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def share(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def render_fleet(reports: list[Report]) -> list[str]:
+    """The page of ``fleet``: per report (one storage), every routing against the replicas."""
+    out = [
+        "# The simulator's fleet: routing and storage against the replicas",
+        "",
+        "`kvtier simulate` replays a trace through simulated replicas, every combination of the "
+        "replicas and the routing policies of one storage set-up per section (see "
+        "`kvtier.sim.routing`). Per point: the share of prompt tokens served from cache (every "
+        "source, and the engines' own prefix caches), TTFT, the share of requests within the "
+        "SLO, and the GPUs' time computing and waiting for KV (the command's `--plot DIR` draws "
+        "them against the replicas, one line per routing). Simulated figures, not measured "
+        "ones: only the wall time of the simulation itself was measured on the CPU below.",
+        "",
+    ]
+    for r in reports:
+        doc = r.doc
+        cfg = doc["config"]
+        src = cfg.get("source", {})
+        name, series = doc["sweep"], doc["series"]
+        out += [
+            f"## `{r.path.stem}`: {storage_of(cfg)}",
+            "",
+            f"`{shown(r.path, PAGES)}`: {src.get('requests', '?')} requests of "
+            f"`{Path(str(src.get('trace', '?'))).name}` on {src.get('model', '?')}, one "
+            f"{src.get('gpu', '?')} per replica; engine pool "
+            f"{cfg['engine']['pool_blocks']:,} blocks of {cfg['engine']['block_tokens']} tokens.",
+            "",
+            f"| {name} | {series} | hits | engine hits | TTFT p50 s | TTFT p95 s | goodput "
+            "| computing | waiting for KV | finished |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for row in doc["rows"]:
+            out.append(
+                f"| {row[name]} | {row[series]} | {share(row.get('hit_share'))} | "
+                f"{share(row['hit_rate'].get('engine', 0.0))} | {seconds(row['ttft_p50_s'])} | "
+                f"{seconds(row['ttft_p95_s'])} | {share(row['goodput_share'])} | "
+                f"{share(row['compute_share'])} | {share(row['kv_wait_share'])} | "
+                f"{row['requests']} |"
+            )
+        out.append("")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -640,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
             {"serve", "overhead", "prefix-ttft"},
             render_serve,
         ),
+        "fleet": ("kvtier simulate's routing × replicas sweeps", {"fleet"}, render_fleet),
     }
     for name, (text, _, _) in pages.items():
         one = sub.add_parser(name, help=text)

@@ -45,3 +45,45 @@ def text_tokens() -> list[int]:
     ids = tok(text)["input_ids"]
     assert len(ids) > 6000
     return list(ids)
+
+
+class EventListener:
+    """A ZMQ subscriber to vLLM's KV events at ``endpoint`` (it connects: vLLM binds an ipc
+    endpoint), collecting every event it hears on a thread until :meth:`stop`."""
+
+    def __init__(self, endpoint: str, topic: bytes = b"kv"):
+        import threading
+
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self.events: list = []
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self._sub.setsockopt(zmq.RCVTIMEO, 200)
+        self._sub.connect(endpoint)
+        self._done = threading.Event()
+        self._decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self._again = zmq.Again
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._done.is_set():
+            try:
+                _topic, _seq, payload = self._sub.recv_multipart()
+            except self._again:
+                continue
+            self.events.extend(self._decoder.decode(payload).events)
+
+    def stop(self) -> list:
+        """Stop listening (once; later calls only answer); every event heard."""
+        if self._done.is_set():
+            return self.events
+        self._done.set()
+        self._thread.join(5)
+        self._sub.close(0)
+        self._ctx.term()
+        return self.events

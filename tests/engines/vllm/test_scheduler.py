@@ -489,3 +489,36 @@ def test_with_two_kv_cache_groups_loads_and_stores_name_each_groups_blocks(dirs)
         assert side.take_stats().data["counts"]["unstorable_chunks"] == 1
     finally:
         side.close()
+
+
+def test_a_ranks_load_errors_that_come_before_the_others_finish_still_fail_the_load(dirs):
+    """With tensor parallelism vLLM reports a request finished loading once every rank did,
+    while a rank's failed blocks arrive with its own step: the load still counts them."""
+    _host, disk = dirs
+    tokens = list(range(12000, 12000 + 2 * CHUNK + 1))
+    _on_disk(disk, tokens)
+    side = SchedulerSide(
+        ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, preload=False), NS, GEOMETRY
+    )
+    try:
+        req = _request(tokens)
+        side.on_new_request(req)
+        n, _ = side.get_num_new_matched_tokens(req, 0)
+        side.update_state_after_alloc(req, Blocks(range(1, 6)), n)
+        side.build_connector_meta(_empty_step())
+        out = SimpleNamespace(
+            finished_recving=None, invalid_block_ids={3, 4}, kv_connector_stats=None
+        )
+        side.update_connector_output(out)  # one rank failed chunk 1; the others still load
+        done = SimpleNamespace(
+            finished_recving={"r1"}, invalid_block_ids=set(), kv_connector_stats=None
+        )
+        side.update_connector_output(done)
+        counts = side.take_stats().data["counts"]
+        assert counts["loaded_tokens"] == CHUNK  # chunk 0 only
+        assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # it recomputes now
+        other = _request(tokens, "r2")
+        side.on_new_request(other)
+        assert side.get_num_new_matched_tokens(other, 0) == (CHUNK, True)  # chunk 1 not offered
+    finally:
+        side.close()

@@ -145,6 +145,7 @@ class _Request:
     preloaded: int = 0
     recorded: bool = False
     failed: bool = False  # a load of this request failed: it recomputes from now on
+    failed_blocks: set[int] = field(default_factory=set)  # of its load in flight, so far
     sync: bool = False  # its load runs inside the step that schedules it (host memory)
     decision: str = ""
     hit_chunks: int = 0  # chunks kvtier held beyond vLLM's cache at the last lookup
@@ -542,13 +543,18 @@ class SchedulerSide:
             report = KVTierWorkerMeta()
         waits = {req_id: now for req_id in connector_output.finished_recving or ()}
         synced = dict(report.synced)
+        if failed:  # with tensor parallelism a rank's errors may come steps before the others
+            with self._lock:  # finish: each in-flight load keeps the failures that are its own
+                for st in self._inflight.values():
+                    if st.load is not None:
+                        st.failed_blocks |= failed.intersection(st.load.all_block_ids())
         for req_id in set(waits) | set(synced):
             with self._lock:
                 st = self._inflight.pop(req_id, None)
             if st is None or st.load is None:
                 continue
             wait = synced[req_id] if req_id in synced else now - st.load_started
-            self._finish_load(st, wait, failed, now)
+            self._finish_load(st, wait, failed | st.failed_blocks, now)
         for new, cached, seconds in report.prefills:
             self.costs.observe_prefill(new, cached, seconds)
         for tier, nbytes, seconds, chunks in report.loads:
@@ -589,6 +595,7 @@ class SchedulerSide:
                 st.stored = min(st.stored, first_bad)
         self._record(st, loaded_tokens=loaded_tokens, wait=wait, failed=len(bad))
         st.load = None
+        st.failed_blocks = set()
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
         """A request is done: forget it (its stores were copied out when computed). A producer

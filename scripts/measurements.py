@@ -81,6 +81,8 @@ def kind_of(doc: dict) -> str | None:
         return "prefix-ttft"
     if {"config", "sweep", "series", "rows"} <= doc.keys():
         return "fleet"
+    if schema.startswith("kvtier.bench.reload"):
+        return "reload"
     return None
 
 
@@ -98,7 +100,7 @@ def sidecar(folder: Path) -> tuple[dict, ...]:
 
 def report_cpu(doc: dict, kind: str) -> str | None:
     """``2 × <CPU>`` as the report records it."""
-    if kind == "storage" or kind == "serve":
+    if kind in ("storage", "serve", "reload"):
         env = doc.get("environment", {})
         count, cpu = env.get("cpus"), env.get("cpu")
     elif kind == "run":
@@ -693,6 +695,36 @@ def render_fleet(reports: list[Report]) -> list[str]:
     return out
 
 
+def render_reload(reports: list[Report]) -> list[str]:
+    """The page of ``reload``: held prompts' TTFT against the same engine recomputing."""
+    out = [
+        "# Reloading after a restart and across prefill/decode engines",
+        "",
+        "`kvtier bench reload` times one-token completions on real vLLM servers with kvtier: "
+        "`restart`, prompts an engine stored on disk, served by a new engine (every "
+        "tensor-parallel rank loading its own part), against fresh prompts of the same length it "
+        "recomputes; `pd`, prompts a prefill engine (`kv_producer`) stored in a shared tier, "
+        "served by a decode engine (`kv_consumer`) given the producer's `kv_transfer_params`, "
+        "against fresh prompts the decode engine recomputes. Held and fresh prompts alternate. "
+        "`loaded whole`: every held prompt loaded all its whole chunks, no block failed.",
+        "",
+        "| report | mode | TP | prompts × tokens | held TTFT p50 s | fresh TTFT p50 s "
+        "| speed-up | loaded whole | target |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in reports:
+        doc, cfg = r.doc, r.doc["config"]
+        speedup = doc.get("speedup")
+        out.append(
+            f"| `{shown(r.path, PAGES)}` | {cfg['mode']} | {cfg['tp']} | "
+            f"{cfg['prompts']} × {cfg['prompt_tokens']} | {seconds(doc['held_ttft_p50_s'])} | "
+            f"{seconds(doc['fresh_ttft_p50_s'])} | "
+            f"{'—' if speedup is None else f'{speedup:.1f}×'} | {doc['all_loaded']} | "
+            f"≥ {doc['target']:.0f}×: {'met' if doc.get('passed') else 'missed'} |"
+        )
+    return [*out, ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -710,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             render_serve,
         ),
         "fleet": ("kvtier simulate's routing × replicas sweeps", {"fleet"}, render_fleet),
+        "reload": ("kvtier bench reload: restart and prefill/decode", {"reload"}, render_reload),
     }
     for name, (text, _, _) in pages.items():
         one = sub.add_parser(name, help=text)

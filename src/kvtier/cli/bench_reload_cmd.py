@@ -41,6 +41,9 @@ def reload(
 ) -> None:
     """TTFT of held prompts against recomputing them, on real vLLM engines with kvtier."""
     import json
+    import shlex
+    import sys
+    from datetime import UTC, datetime
 
     from rich.console import Console
 
@@ -71,8 +74,13 @@ def reload(
         task = progress.add_task("bench reload", total=bench.steps())
         bench.on_step = lambda label: progress.update(task, advance=1, description=label)
         report = bench.run()
-    data = report.to_dict()
-    data["environment"] = BenchEnvironment.probe(directory, None).as_dict()
+    data = {
+        "schema": "kvtier.bench.reload/1",
+        "date": datetime.now(UTC).date().isoformat(),
+        "command": shlex.join(["kvtier", "bench", "reload", *sys.argv[3:]]),
+        **report.to_dict(),
+        "environment": BenchEnvironment.probe(directory, None).as_dict(),
+    }
     print_report(json_out, lambda: json.dumps(data, indent=2), lambda out: render(report, out))
     if strict and data["passed"] is False:
         raise typer.Exit(1)

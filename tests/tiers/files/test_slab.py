@@ -412,3 +412,35 @@ def test_two_processes_never_see_a_torn_block(tmp_path: Path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert served > 0 and foreign > 0
+
+
+def test_a_read_of_another_writers_new_block_finds_it_however_lately_the_tier_looked(
+    tmp_path: Path,
+):
+    """A lookup in one process promises a block another writer just published; the reader's
+    own listing is younger than its rescan interval, and two threads read at once (one of
+    them mid-rescan): both still find the block instead of calling it a miss."""
+    import threading
+
+    n = 64 * 1024
+    with (
+        SlabTier(NS_A, tmp_path, 8 * MiB, rescan=60.0) as writer,
+        SlabTier(NS_A, tmp_path, 8 * MiB, rescan=60.0) as reader,
+    ):
+        assert not reader.contains(make_key(0))  # its listing is fresh: no rescan for 60 s
+        keys = [make_key(i) for i in range(2)]
+        assert all(writer.put(k, make_payload(k, 1, n)) for k in keys)
+        outs = [aligned_array(n) for _ in keys]
+        got: list = [None, None]
+
+        def read(i: int) -> None:
+            got[i] = reader.get_many_into([keys[i]], [outs[i]])[0]
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        for i, k in enumerate(keys):
+            assert got[i] is not None and not isinstance(got[i], Exception)
+            assert check_payload(outs[i], n, k) == 1

@@ -290,7 +290,7 @@ class SlabTier(FileTier):
         if not keys:
             return results
         if any(k not in self._index for k in keys):
-            self._rescan()
+            self._rescan(force=True)  # a reader was promised them: another writer's, new
         todo: Sequence[int] = self._ring_reads(keys, outs, results)
         self._batch(
             todo,
@@ -477,14 +477,20 @@ class SlabTier(FileTier):
             return None
         return out, entry.header
 
-    def _rescan(self) -> bool:
+    def _rescan(self, force: bool = False) -> bool:
         """Bring the listing of other writers' blocks up to date, the blocks they added and
-        those that left (rate-limited); True if it ran."""
+        those that left (rate-limited; ``force``: now, for a read of blocks a lookup promised,
+        waiting for a rescan under way and running again unless one began after the call);
+        True if the listing is that fresh."""
         now = time.monotonic()
-        if now - self._last_rescan < self.rescan_s or self._closed:
+        if self._closed or (not force and now - self._last_rescan < self.rescan_s):
             return False
-        if not self._rescan_lock.acquire(blocking=False):
+        if not self._rescan_lock.acquire(blocking=force):
             return False
+        if force and self._last_rescan >= now:  # another thread's rescan began after the call
+            self._rescan_lock.release()
+            return True
+        now = time.monotonic()
         try:
             self._last_rescan = now
             with self._lock:

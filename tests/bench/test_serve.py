@@ -832,3 +832,31 @@ def test_every_server_gets_the_same_engine_arguments():
     assert wide[-2:] == ("--max-num-batched-tokens", "4608")
     with pytest.raises(ConfigError, match="--max-num-batched-tokens"):
         ServeBenchConfig(max_batched_tokens=64)
+
+
+def test_a_share_of_the_possible_gain_is_taken_against_the_ceiling():
+    r = _report()
+    assert r.share_of_gain("kvtier", 1) is None  # no ceiling run: no share
+    ceiling = _runs({("ceiling", 1): 1000.0, ("ceiling", 4): 10000.0}, {})
+    r.runs += ceiling
+    assert r.share_of_gain("kvtier", 1) == pytest.approx((6000 - 1500) / (6000 - 1000))
+    assert r.share_of_gain("ceiling", 1) == pytest.approx(1.0)
+    assert r.share_of_gain("kvtier", 4) is None  # the ceiling gained nothing there
+    shares = json.loads(serve_json(r))["ttft_p50_share_of_possible_gain"]
+    assert shares["1"]["kvtier"] == pytest.approx(0.9)
+
+
+def test_the_ceilings_pool_holds_every_token_of_the_run_and_tp_reaches_every_engine():
+    config = ServeBenchConfig(
+        systems=("vllm", "ceiling", "kvtier"), concurrency=(1, 4), tensor_parallel=3
+    )
+    p = config.prefix
+    tokens = (
+        p.num_prefixes * p.prefix_tokens + p.prompts * (p.suffix_tokens + p.output_tokens)
+    ) * 2
+    assert config.ceiling_pool() * 128 >= tokens > config.pool() * 128
+    assert config.engine_args()[-2:] == ("--tensor-parallel-size", "3")
+    assert config.engine_env() == {"OMP_NUM_THREADS": "1"}
+    assert ServeBenchConfig().engine_env() == {}
+    with pytest.raises(ConfigError, match="--tensor-parallel must be at least 1"):
+        ServeBenchConfig(tensor_parallel=0)

@@ -31,7 +31,13 @@ import numpy as np
 
 from kvtier.bench.env import BenchEnvironment, load_average
 from kvtier.bench.serve_client import ClientError, ClientRun, ClientWorker
-from kvtier.bench.serve_config import ServeBenchConfig, SystemPaths, tier_sizes, transfer_config
+from kvtier.bench.serve_config import (
+    CEILING,
+    ServeBenchConfig,
+    SystemPaths,
+    tier_sizes,
+    transfer_config,
+)
 from kvtier.bench.serve_metrics import CacheCounters, delta, scrape
 from kvtier.bench.serve_preload import PreloadCheck
 from kvtier.bench.serve_results import (
@@ -232,13 +238,17 @@ class ServeBench:
         paths.disk.mkdir(parents=True, exist_ok=True)
         kv = transfer_config(system, paths, dram, disk, c.chunk_tokens)
         log = self.run_dir / f"vllm-{system}.log"
+        pool = c.ceiling_pool() if system == CEILING else c.pool()
+        pool_bytes = pool * BLOCK_TOKENS * int(report.environment.get("kv_bytes_per_token", 0))
         config = ServerConfig(
             model=folder,
             max_model_len=c.model_len(),
-            pool_blocks=c.pool(),
+            pool_blocks=pool,
+            kvcache_gib=max(1, -(-pool_bytes // (1 << 30)) + 1),
             kv_transfer_config=kv,
             request_details=False,
             extra_args=c.engine_args(),
+            env=c.engine_env(),
             startup_timeout_s=c.startup_timeout_s,
         )
         server = VllmServer(config, log)

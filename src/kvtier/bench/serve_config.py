@@ -14,9 +14,14 @@ from kvtier.bench.serve_client import prefix_repetition_args, random_args, sessi
 from kvtier.errors import ConfigError
 from kvtier.harness.vllm_server import BLOCK_TOKENS, check_chunk_tokens, min_pool_blocks
 
-#: Every system, in the order they run: vLLM alone (its prefix cache), kvtier (host memory then
-#: disk), kvtier with the disk tier only, vLLM's ExampleConnector (safetensors files on disk).
-SYSTEMS = ("vllm", "kvtier", "kvtier-disk", "example")
+#: Every system, in the order they run: vLLM alone (its prefix cache), vLLM alone with a pool
+#: that holds every token the run creates (the best any tiering could do: the ceiling), kvtier
+#: (host memory then disk), kvtier with the disk tier only, vLLM's ExampleConnector
+#: (safetensors files on disk).
+SYSTEMS = ("vllm", "ceiling", "kvtier", "kvtier-disk", "example")
+#: The systems a run has unless told otherwise.
+DEFAULT_SYSTEMS = ("vllm", "kvtier", "kvtier-disk", "example")
+CEILING = "ceiling"
 REFERENCE = "vllm"
 #: Systems the no-reuse (random) throughput check compares.
 RANDOM_SYSTEMS = ("vllm", "kvtier")
@@ -149,7 +154,8 @@ class ServeBenchConfig:
     slows every system's prefill alike only when it lasts the whole run.
     """
 
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
+    tensor_parallel: int = 1
     concurrency: tuple[int, ...] = (1, 4)
     prefix: PrefixWorkload = field(default_factory=PrefixWorkload)
     random: RandomWorkload | None = field(default_factory=RandomWorkload)
@@ -178,6 +184,8 @@ class ServeBenchConfig:
             )
         if len(set(self.systems)) != len(self.systems):
             raise ConfigError("--systems: each system once")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"--tensor-parallel must be at least 1, got {self.tensor_parallel}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError("--concurrency: positive integers, e.g. 1,4,8")
         p = self.prefix
@@ -261,12 +269,30 @@ class ServeBenchConfig:
             return self.pool_blocks
         return max(min_pool_blocks(self.model_len()), self.prefix.prefix_blocks // 2)
 
+    def ceiling_pool(self) -> int:
+        """The ceiling's pool in blocks: every token the prefix runs create (each concurrency's
+        prefixes are fresh), each request's last block apart, and one request more."""
+        p = self.prefix
+        new = p.suffix_tokens + p.output_tokens
+        tokens = (p.num_prefixes * p.prefix_tokens + p.prompts * new) * len(self.concurrency)
+        requests = p.prompts * len(self.concurrency)
+        blocks = -(-tokens // BLOCK_TOKENS) + requests + min_pool_blocks(self.model_len())
+        return max(self.pool(), blocks)
+
     def engine_args(self) -> tuple[str, ...]:
-        """Arguments every system's server gets (prefix caching on, the seed, the step size)."""
+        """Arguments every system's server gets (prefix caching on, the seed, the step size,
+        the tensor-parallel ranks)."""
         args = ("--enable-prefix-caching", "--seed", str(self.seed))
         if self.max_batched_tokens is not None:
             args += ("--max-num-batched-tokens", str(self.max_batched_tokens))
+        if self.tensor_parallel > 1:
+            args += ("--tensor-parallel-size", str(self.tensor_parallel))
         return args
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment every system's server gets: with tensor parallelism, one OpenMP thread
+        per rank (the ranks share the machine's cores alike in every system)."""
+        return {"OMP_NUM_THREADS": "1"} if self.tensor_parallel > 1 else {}
 
     def ordered_systems(self) -> list[str]:
         return [s for s in SYSTEMS if s in self.systems]
@@ -307,6 +333,7 @@ class ServeBenchConfig:
         out["work_dir"] = str(self.work_dir)
         out["shm_dir"] = str(self.shm_dir)
         out["pool_blocks_used"] = self.pool()
+        out["ceiling_pool_blocks"] = self.ceiling_pool()
         out["max_model_len_used"] = self.model_len()
         return out
 
@@ -376,8 +403,8 @@ class SystemPaths:
 def transfer_config(
     system: str, paths: SystemPaths, dram: int, disk: int, chunk_tokens: int
 ) -> dict[str, Any] | None:
-    """The ``--kv-transfer-config`` of ``system`` (None for vLLM alone)."""
-    if system == "vllm":
+    """The ``--kv-transfer-config`` of ``system`` (None for vLLM alone and the ceiling)."""
+    if system in ("vllm", CEILING):
         return None
     if system == "kvtier":
         return kvtier_transfer_config(
@@ -397,6 +424,8 @@ def transfer_config(
 
 
 __all__ = [
+    "CEILING",
+    "DEFAULT_SYSTEMS",
     "DISK_VS_EXAMPLE_TARGET",
     "PRELOAD_WAIT_TARGET",
     "REFERENCE",

@@ -59,8 +59,9 @@ def prefix_table(report: ServeReport) -> Table:
     title = (
         shape
         + f"vLLM pool {tiers.get('pool_blocks')} blocks ({tiers.get('pool_tokens')} tokens) vs "
-        f"prefixes {p.prefix_blocks} blocks; TTFT in ms (vLLM's client); load: 1-minute load "
-        "average at the run's start → end"
+        f"prefixes {p.prefix_blocks} blocks; TTFT in ms (vLLM's client); of the gain: the share "
+        "of the ceiling's TTFT p50 saving over vLLM alone (a pool that holds everything, when "
+        "run); load: 1-minute load average at the run's start → end"
     )
     table = Table(title=title, title_justify="left")
     for name in (
@@ -71,6 +72,7 @@ def prefix_table(report: ServeReport) -> Table:
         "TTFT p50",
         "TTFT p99",
         "p50 vs vLLM",
+        "of the gain",
         "req/s",
         "tok/s",
         "vLLM cache hits",
@@ -97,6 +99,7 @@ def prefix_table(report: ServeReport) -> Table:
             _ms(cl.ttft_median_ms),
             _ms(cl.ttft_p99_ms),
             "ref" if run.system == REFERENCE else _times(speedup),
+            _share(report.share_of_gain(run.system, run.concurrency)),
             f"{cl.request_throughput:.3f}",
             f"{cl.total_token_throughput:,.0f}",
             _share(run.cache.local_hit_rate),

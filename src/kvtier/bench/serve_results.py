@@ -201,6 +201,15 @@ class ServeReport:
         """vLLM alone's TTFT p50 over ``system``'s, at ``concurrency``."""
         return _ratio(self.p50(REFERENCE, concurrency), self.p50(system, concurrency))
 
+    def share_of_gain(self, system: str, concurrency: int) -> float | None:
+        """How much of the TTFT p50 the ceiling (a pool that holds everything) saves over vLLM
+        alone ``system`` saves too, at ``concurrency`` (None: no ceiling run, or no gain)."""
+        ref, top = self.p50(REFERENCE, concurrency), self.p50("ceiling", concurrency)
+        mine = self.p50(system, concurrency)
+        if ref is None or top is None or mine is None or ref - top <= 0:
+            return None
+        return (ref - mine) / (ref - top)
+
     def random_rounds(self, system: str) -> list[float]:
         """Total token throughput (tokens/s) of each of ``system``'s random rounds that ran."""
         values = [r.client.total_token_throughput for r in self.random_runs(system)]
@@ -329,6 +338,10 @@ class ServeReport:
             "targets": [t.as_dict() for t in self.targets()],
             "target_shape_gaps": self.config.shape_gaps(),
             "ttft_p50_speedup_vs_vllm": ratios,
+            "ttft_p50_share_of_possible_gain": {
+                str(c): {s: self.share_of_gain(s, c) for s in self.config.ordered_systems()}
+                for c in self.config.concurrency
+            },
             "random_throughput": {
                 s: self.random_throughput(s) for s in self.config.random_systems()
             },

@@ -66,8 +66,15 @@ def _preset(name: str) -> Any:
 def serve(
     systems: Annotated[
         str,
-        typer.Option(help="Systems, comma-separated: vllm, kvtier, kvtier-disk, example."),
+        typer.Option(
+            help="Systems, comma-separated: vllm, ceiling (vLLM with a pool that holds "
+            "everything the run creates), kvtier, kvtier-disk, example."
+        ),
     ] = "vllm,kvtier,kvtier-disk,example",
+    tensor_parallel: Annotated[
+        int,
+        typer.Option(help="Tensor-parallel ranks of every system's engine (one thread each)."),
+    ] = 1,
     target: Annotated[
         bool,
         typer.Option(
@@ -175,6 +182,7 @@ def serve(
     levels = str(v["concurrency"])
     config = ServeBenchConfig(
         systems=name_list(systems),
+        tensor_parallel=tensor_parallel,
         concurrency=int_list(
             levels,
             f"--concurrency: cannot read {levels!r}; write e.g. 1,4,8",

@@ -214,3 +214,31 @@ def test_evictions_reach_listeners_and_every_change_moves_the_epoch(memory_tier,
     still = cache.epoch
     cache.lookup(keys)  # a lookup changes nothing
     assert cache.epoch == still
+
+
+def test_a_promised_load_refreshes_a_tier_that_lists_other_writers_lazily(tmp_path):
+    """Another process stored chunks in a shared slab directory and a lookup elsewhere found
+    them; this cache's own listing is younger than its rescan interval. A load told the
+    chunks were promised finds them; one not told calls them missing until it looks again."""
+    from kvtier.cache import CacheConfig
+    from kvtier.testing.cache_conformance import CHUNK_TOKENS, NAMESPACE
+    from kvtier.tiers import open_tier
+
+    url = f"slab://{tmp_path}/shared?size=16MiB&rescan=60"
+    writer_tier, reader_tier = open_tier(url, NAMESPACE.id), open_tier(url, NAMESPACE.id)
+    writer = TieredCache([writer_tier], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    reader = TieredCache([reader_tier], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    try:
+        keys = chunk_keys(3)
+        assert reader.lookup(keys).hit_chunks == 0  # its listing is fresh now, for 60 s
+        store_all(writer, keys)
+        assert writer.flush(10)
+        assert reader.load(keys, buffers(3)).loaded == 0  # not promised: a miss
+        outs = buffers(3)
+        result = reader.load(keys, outs, promised=True)
+        assert result.loaded == 3
+        assert_loaded(keys, outs, 3)
+    finally:
+        for cache, tier in ((writer, writer_tier), (reader, reader_tier)):
+            cache.close()
+            tier.close()

@@ -178,18 +178,26 @@ class TieredCache(contextlib.AbstractContextManager):
 
     # --- load ----------------------------------------------------------------------------
     def load(
-        self, keys: Sequence[bytes], outs: Sequence, lookup: LookupResult | None = None
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence,
+        lookup: LookupResult | None = None,
+        promised: bool = False,
     ) -> LoadResult:
         """Read the leading hit chunks of ``keys`` into ``outs`` (one buffer per chunk).
 
         Stops at the first chunk no tier can serve (a miss, a bad block, a failing tier), so
         ``outs[:loaded]`` hold the prefix and nothing after it may be used. Pass the
-        ``lookup`` just made to skip locating again. Chunks served by a slower tier are copied
+        ``lookup`` just made to skip locating again. ``promised``: another process's lookup
+        found these chunks, so tiers that list other processes' blocks lazily refresh their
+        listing before a chunk is called missing. Chunks served by a slower tier are copied
         into the faster write-through tiers in the background (promotion).
         """
         guard = self._guard
         start = time.perf_counter()
         found = lookup if lookup is not None else self._locate(keys, record=True)
+        if promised and lookup is None and found.hit_chunks < len(keys) and self._refresh():
+            found = self._locate(keys, record=False)
         loc = found.tiers
         n = min(len(loc), len(outs), len(keys))
         served: list[int] = []
@@ -243,6 +251,15 @@ class TieredCache(contextlib.AbstractContextManager):
         for t, (chunks, nbytes) in per.items():
             self.metrics.count(t, reads=chunks, bytes_read=nbytes)
         return sum(nbytes for _, nbytes in per.values())
+
+    def _refresh(self) -> bool:
+        """Refresh every tier in use that lists other processes' blocks; whether any did."""
+        refreshed = False
+        for t, tier in enumerate(self._tiers):
+            if self._guard.up(t):
+                with contextlib.suppress(Exception):  # a refresh is only ever a second look
+                    refreshed = tier.refresh() or refreshed
+        return refreshed
 
     # --- store ---------------------------------------------------------------------------
     def store(

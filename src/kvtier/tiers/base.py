@@ -200,6 +200,12 @@ class Tier(contextlib.AbstractContextManager, ABC):
         behind it is allocated now); the bytes taken, 0 where there is nothing to do."""
         return 0
 
+    def refresh(self) -> bool:
+        """Bring what this tier knows of blocks other processes wrote up to date now, however
+        recently it last looked (a reader was promised blocks it has not listed yet); True if
+        it looked. Tiers that always ask their store have nothing to refresh."""
+        return False
+
     def warm_io(self, block_bytes: int, callers: int) -> None:
         """Make the I/O buffers of ``callers`` concurrent readers or writers of blocks of
         ``block_bytes`` now (when an engine starts), so that the first reads and writes do not

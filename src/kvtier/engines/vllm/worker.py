@@ -221,7 +221,7 @@ class WorkerSide:
             self._announcer.expect(keys, [c.blocks for c in job.chunks])
         began = time.perf_counter()
         try:
-            result = self.cache.load(keys, bufs)
+            result = self.cache.load(keys, bufs, promised=True)
             loaded = result.loaded
         except Exception as exc:  # the cache never raises for a tier; this is a last guard
             log.warning("kvtier load failed (%s); vLLM recomputes", exc)

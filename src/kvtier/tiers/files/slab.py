@@ -477,6 +477,10 @@ class SlabTier(FileTier):
             return None
         return out, entry.header
 
+    def refresh(self) -> bool:
+        """Follow the other writers' files now (see :meth:`_rescan`)."""
+        return self._rescan(force=True)
+
     def _rescan(self, force: bool = False) -> bool:
         """Bring the listing of other writers' blocks up to date, the blocks they added and
         those that left (rate-limited; ``force``: now, for a read of blocks a lookup promised,

@@ -28,10 +28,7 @@ def tiny_llama(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvtier.engines.embedded import embedded_model_folder
-
-    source, _, _ = embedded_model_folder()
-    base = json.loads((source / "config.json").read_text())
+    base = _embedded_config()
     config = LlamaConfig(
         vocab_size=base["vocab_size"],
         hidden_size=128,
@@ -57,10 +54,7 @@ def tiny_llama(
     saved["layer_types"] = list(layer_types)
     saved["sliding_window"] = sliding_window
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, folder / name)
-    return folder
+    return _with_tokenizer(folder)
 
 
 def tiny_mamba(folder: Path, seed: int = 0) -> Path:
@@ -69,10 +63,7 @@ def tiny_mamba(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import MambaConfig, MambaForCausalLM
 
-    from kvtier.engines.embedded import embedded_model_folder
-
-    source, _, _ = embedded_model_folder()
-    base = json.loads((source / "config.json").read_text())
+    base = _embedded_config()
     config = MambaConfig(
         vocab_size=base["vocab_size"],
         hidden_size=128,
@@ -84,6 +75,21 @@ def tiny_mamba(folder: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     MambaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    return _with_tokenizer(folder)
+
+
+def _embedded_config() -> dict:
+    """The embedded model's config (its vocabulary and special tokens are reused)."""
+    from kvtier.engines.embedded import embedded_model_folder
+
+    return json.loads((embedded_model_folder()[0] / "config.json").read_text())
+
+
+def _with_tokenizer(folder: Path) -> Path:
+    """``folder`` with the embedded model's tokenizer files copied in."""
+    from kvtier.engines.embedded import embedded_model_folder
+
+    source = embedded_model_folder()[0]
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, folder / name)

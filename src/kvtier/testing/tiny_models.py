@@ -2,8 +2,8 @@
 
 Correctness tests of the connector need a model's KV layout and attention kinds, not trained
 weights: a few-layer Llama with sliding-window layers (all, or alternating with full attention)
-is built here in seconds, with the embedded model's tokenizer, and saved as a safetensors
-folder vLLM serves.
+is built here in seconds, with another model's tokenizer (the embedded model's in the tests),
+and saved as a safetensors folder vLLM serves.
 """
 
 from __future__ import annotations
@@ -12,23 +12,25 @@ import json
 import shutil
 from pathlib import Path
 
-#: The tokenizer files copied from the embedded model's folder.
+#: The tokenizer files copied from the source model's folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 def tiny_llama(
     folder: Path,
+    source: Path,
     layer_types: list[str],
     sliding_window: int,
     seed: int = 0,
 ) -> Path:
     """A random-weight Llama in ``folder`` with one layer per entry of ``layer_types``
-    (``full_attention`` or ``sliding_attention`` of ``sliding_window`` tokens), the embedded
-    model's vocabulary and tokenizer, in bfloat16. Returns ``folder``."""
+    (``full_attention`` or ``sliding_attention`` of ``sliding_window`` tokens), the vocabulary
+    and tokenizer of the model in ``source`` (e.g. the embedded model's folder), in bfloat16.
+    Returns ``folder``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    base = _embedded_config()
+    base = _base_config(source)
     config = LlamaConfig(
         vocab_size=base["vocab_size"],
         hidden_size=128,
@@ -54,16 +56,16 @@ def tiny_llama(
     saved["layer_types"] = list(layer_types)
     saved["sliding_window"] = sliding_window
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
-    return _with_tokenizer(folder)
+    return _with_tokenizer(folder, source)
 
 
-def tiny_mamba(folder: Path, seed: int = 0) -> Path:
+def tiny_mamba(folder: Path, source: Path, seed: int = 0) -> Path:
     """A random-weight two-layer Mamba in ``folder`` (its state is no per-token KV), with the
-    embedded model's tokenizer. Returns ``folder``."""
+    tokenizer of the model in ``source``. Returns ``folder``."""
     import torch
     from transformers import MambaConfig, MambaForCausalLM
 
-    base = _embedded_config()
+    base = _base_config(source)
     config = MambaConfig(
         vocab_size=base["vocab_size"],
         hidden_size=128,
@@ -75,21 +77,16 @@ def tiny_mamba(folder: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     MambaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
-    return _with_tokenizer(folder)
+    return _with_tokenizer(folder, source)
 
 
-def _embedded_config() -> dict:
-    """The embedded model's config (its vocabulary and special tokens are reused)."""
-    from kvtier.engines.embedded import embedded_model_folder
-
-    return json.loads((embedded_model_folder()[0] / "config.json").read_text())
+def _base_config(source: Path) -> dict:
+    """The config of the model in ``source`` (its vocabulary and special tokens are reused)."""
+    return json.loads((source / "config.json").read_text())
 
 
-def _with_tokenizer(folder: Path) -> Path:
-    """``folder`` with the embedded model's tokenizer files copied in."""
-    from kvtier.engines.embedded import embedded_model_folder
-
-    source = embedded_model_folder()[0]
+def _with_tokenizer(folder: Path, source: Path) -> Path:
+    """``folder`` with the tokenizer files of the model in ``source`` copied in."""
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, folder / name)

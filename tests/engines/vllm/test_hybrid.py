@@ -25,11 +25,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def hybrid_runs(tmp_path_factory):
+    from kvtier.engines.embedded import embedded_model_folder
     from kvtier.testing.tiny_models import tiny_llama, tiny_mamba
 
     work = tmp_path_factory.mktemp("hybrid")
-    mixed = tiny_llama(work / "mixed", ["sliding_attention", "full_attention"] * 2, 256)
-    mamba = tiny_mamba(work / "mamba")
+    source = embedded_model_folder()[0]  # its tokenizer and vocabulary
+    mixed = tiny_llama(work / "mixed", source, ["sliding_attention", "full_attention"] * 2, 256)
+    mamba = tiny_mamba(work / "mamba", source)
     host = Path(f"/dev/shm/kvtier-hybrid-{uuid.uuid4().hex[:8]}")
     prompt = list(range(1000, 2100))  # 1,100 tokens: four whole chunks, a window of 256
     twice = [{"prompts": [prompt], "max_tokens": 16}] * 2

@@ -571,9 +571,47 @@ def serve_title(doc: dict) -> str:
     workload = "Multi-turn sessions" if sessions else "`prefix_repetition`"
     conc = ", ".join(str(c) for c in cfg.get("concurrency", []))
     title = f"{workload}: {', '.join(systems)} at concurrency {conc}"
+    if (cfg.get("tensor_parallel") or 1) > 1:
+        title += f", tensor-parallel {cfg['tensor_parallel']}"
     if cfg.get("random"):
         title += f"; the no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
     return title
+
+
+def ceiling_rows(doc: dict) -> list[str]:
+    """Each system's TTFT p50 against vLLM alone and its share of the ceiling's gain (a pool
+    that holds everything), where the report ran the ceiling."""
+    shares = doc.get("ttft_p50_share_of_possible_gain") or {}
+    runs = {
+        (run["system"], run["concurrency"]): run["client"]["ttft_median_ms"]
+        for run in doc.get("runs", [])
+        if run.get("dataset") != "random"
+    }
+    if not any(system == "ceiling" for system, _ in runs):
+        return []
+    systems = [
+        s
+        for s in ("vllm", "ceiling", "kvtier", "kvtier-disk", "example")
+        if any(k[0] == s for k in runs)
+    ]
+    out = [
+        "",
+        "TTFT p50 in ms; in brackets, the share of the ceiling's gain over vLLM alone "
+        "(`ceiling`: vLLM alone with a pool that holds every token of the run).",
+        "",
+        "| concurrency | " + " | ".join(systems) + " |",
+        "| ---: |" + " ---: |" * len(systems),
+    ]
+    for c in sorted({k[1] for k in runs}):
+        cells = []
+        for system in systems:
+            ms, share_ = runs.get((system, c)), (shares.get(str(c)) or {}).get(system)
+            cell = "—" if ms is None else f"{ms:,.0f}"
+            if ms is not None and share_ is not None and system not in ("vllm", "ceiling"):
+                cell += f" ({100 * share_:.0f} %)"
+            cells.append(cell)
+        out.append(f"| {c} | " + " | ".join(cells) + " |")
+    return out
 
 
 def render_serve(reports: list[Report]) -> list[str]:
@@ -597,6 +635,7 @@ def render_serve(reports: list[Report]) -> list[str]:
                     f"| {t['name']} | {t['measured']:.3g} | {t['required']} | **{t['verdict']}** | "
                     f"{t.get('detail', '')} |"
                 )
+            out += ceiling_rows(r.doc)
         elif r.kind == "overhead":
             doc = r.doc
             out += [

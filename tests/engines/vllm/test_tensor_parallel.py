@@ -102,6 +102,7 @@ def _record(records: list[dict], prompt: list[int]) -> dict:
 def test_a_restarted_tp3_engine_loads_every_ranks_part_and_gives_the_same_tokens(tp_runs):
     first, restart = tp_runs["first"], tp_runs["restart"]
     assert restart[0]["tokens"] == first[1]["tokens"]  # loaded from kvtier = vLLM's own cache
+    assert all(r["loaded_tokens"] == 0 for r in tp_runs["records"][0])  # the reference: no load
     rec = _record(tp_runs["records"][1], tp_runs["prompts"]["P"])
     assert rec["loaded_tokens"] == 1024 and rec["failed_blocks"] == 0
     assert rec["local_hit_tokens"] == 0

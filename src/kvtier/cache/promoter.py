@@ -135,6 +135,7 @@ class Promoter:
             moved += 1
         if moved:
             guard.changed()
+            self._writes.tell(0, list(keys[:moved]), [])  # written here, not by a writer thread
         return moved
 
     def close(self) -> None:

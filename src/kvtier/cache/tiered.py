@@ -106,8 +106,9 @@ class TieredCache(contextlib.AbstractContextManager):
 
     def add_write_listener(self, listener: Callable[[str, list[bytes], list[bytes]], None]) -> None:
         """Call ``listener(tier name, keys stored, keys deleted)`` after each batch a writer
-        thread applies to a tier (from that thread: keep it short, never call back into the
-        cache). Stored: written, or found already there."""
+        thread applies to a tier, and after a prefetch's copies into the first tier (from that
+        thread: keep it short, never call back into the cache). Stored: written, or found
+        already there."""
         names = self.names
 
         def named(t: int, stored: list[bytes], deleted: list[bytes]) -> None:

@@ -153,7 +153,7 @@ class Writes:
             except Exception as exc:
                 guard.failed(t, "delete", exc)
                 return
-            self._tell(t, [], [k for k, g in zip(deletes, gone, strict=True) if g])
+            self.tell(t, [], [k for k, g in zip(deletes, gone, strict=True) if g])
         if not puts:
             return
         todo = list(puts.values())
@@ -164,7 +164,7 @@ class Writes:
                 held = [j.key for j, p in zip(todo, present, strict=True) if p]
                 todo = [j for j, p in zip(todo, present, strict=True) if not p]
             if not todo:
-                self._tell(t, held, [])
+                self.tell(t, held, [])
                 return
             began = time.perf_counter()
             done = tier.put_many([(j.key, j.payload, j.meta or RAW_META) for j in todo])
@@ -177,7 +177,7 @@ class Writes:
         written = [j for j, ok in zip(todo, done, strict=True) if ok]
         if written:
             guard.changed()
-        self._tell(t, held + [j.key for j in written], [])
+        self.tell(t, held + [j.key for j in written], [])
         metrics.count(
             t,
             writes=len(written),
@@ -187,7 +187,8 @@ class Writes:
             rejected_writes=len(todo) - len(written),
         )
 
-    def _tell(self, t: int, stored: list[bytes], deleted: list[bytes]) -> None:
+    def tell(self, t: int, stored: list[bytes], deleted: list[bytes]) -> None:
+        """Tell the listeners what is now stored in (or deleted from) tier ``t``."""
         if not (stored or deleted):
             return
         for listener in self.listeners:

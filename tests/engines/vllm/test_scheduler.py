@@ -522,3 +522,34 @@ def test_a_ranks_load_errors_that_come_before_the_others_finish_still_fail_the_l
         assert side.get_num_new_matched_tokens(other, 0) == (CHUNK, True)  # chunk 1 not offered
     finally:
         side.close()
+
+
+def test_a_preload_into_host_memory_is_announced_as_a_kv_event(dirs):
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import (
+        get_request_block_hasher,
+        init_none_hash,
+        maybe_convert_block_hash,
+    )
+
+    _host, disk = dirs
+    tokens = list(range(13000, 13000 + 2 * CHUNK + 3))
+    keys = _on_disk(disk, tokens)
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY, True)
+    try:
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(GEOMETRY.block_size, sha256)
+        req = Request("r1", tokens, SamplingParams(max_tokens=4), None, block_hasher=hasher)
+        side.on_new_request(req)
+        deadline = time.monotonic() + 10
+        while side._reqs["r1"].preload != "done" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert side.cache.flush(10) and side.cache.tiers[0].contains_many(keys) == [True, True]
+        events = side.take_events()
+        assert [e.ownership for e in events] == ["host", "host"]
+        assert all(e.medium == "CPU" and e.block_size == GEOMETRY.block_size for e in events)
+        hashes = [maybe_convert_block_hash(h) for h in req.block_hashes[:4]]
+        assert [e.block_hashes for e in events] == [hashes[0:2], hashes[2:4]]
+        assert side.take_events() == []
+    finally:
+        side.close()

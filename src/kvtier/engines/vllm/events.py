@@ -8,7 +8,8 @@ when it leaves one, named by vLLM's own block hashes (never kvtier's keys), with
 ``medium`` (``CPU`` for host memory, ``STORAGE`` otherwise), ``locality`` (``REMOTE`` for a
 shared tier) and the tier's name as ``ownership``. Events of the worker half (which writes the
 tiers) reach the scheduler half through vLLM's channel for them; there a chunk counts as stored
-once every rank reported its part, and as removed once any rank lost its part.
+once every rank reported its part, and as removed once any rank lost its part. The scheduler
+half's own preloads into host memory (every rank's part at once) join them the same way.
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ class KVTierEvents(KVConnectorKVEvents):
         self._events.clear()
 
 
-class WorkerEvents:
-    """The worker half's announcer: what its tiers store and drop of the parts it knows."""
+class CacheEvents:
+    """One half's announcer: what its cache's tiers store and drop of the parts it was told
+    of (the worker's stores and loads, the scheduler's preloads)."""
 
     def __init__(self, cache: TieredCache, urls: Sequence[str], block_size: int):
         self.block_size = block_size
@@ -217,9 +219,9 @@ def _place_of(event: BlockStored | BlockRemoved) -> tuple:
 
 
 __all__ = [
+    "CacheEvents",
     "KVTierEvents",
     "SchedulerEvents",
     "TierPlace",
-    "WorkerEvents",
     "chunk_blocks",
 ]

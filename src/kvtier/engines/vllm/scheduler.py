@@ -40,7 +40,7 @@ import numpy as np
 from kvtier.cache.results import LookupResult
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.costs import OnlineCosts
-from kvtier.engines.vllm.events import SchedulerEvents, chunk_blocks
+from kvtier.engines.vllm.events import CacheEvents, SchedulerEvents, chunk_blocks
 from kvtier.engines.vllm.groups import usable
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import (
@@ -208,6 +208,10 @@ class SchedulerSide:
         self._promoted: PartBook[bytes] = PartBook()  # the chunks of the parts it preloaded
         if self.shards.size > 1:
             self.cache.add_eviction_listener(self._on_evicted)
+        # its preloads into host memory are announced like the worker's stores
+        self._own_events = (
+            CacheEvents(self.cache, config.tiers, geometry.block_size) if events else None
+        )
         self._closed = False
         self._preloader: threading.Thread | None = None
         if config.preload:
@@ -617,7 +621,11 @@ class SchedulerSide:
 
     def take_events(self) -> list:
         """kvtier's KV events to publish since the last call (every rank's, merged)."""
-        return self._events.take() if self._events is not None else []
+        if self._events is None:
+            return []
+        if self._own_events is not None:
+            self._events.add(self._own_events.take())
+        return self._events.take()
 
     # --- records -----------------------------------------------------------------------------
     def _record(self, st: _Request, loaded_tokens: int, wait: float = 0.0, failed: int = 0):
@@ -718,6 +726,9 @@ class SchedulerSide:
         parts = self.shards.every_part(hit)
         if self.shards.size > 1:
             self._promoted.remember(parts, [k for k in hit for _ in range(self.shards.size)])
+        if self._own_events is not None:
+            blocks = [self._blocks(st, c) for c in range(len(hit))]
+            self._own_events.expect(parts, [b for b in blocks for _ in range(self.shards.size)])
         result = self.cache.prefetch(parts).result()
         st.preloaded = result.promoted // self.shards.size
         self.counters.add("preloaded_chunks", st.preloaded)

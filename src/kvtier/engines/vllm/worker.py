@@ -32,7 +32,7 @@ from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
-from kvtier.engines.vllm.events import KVTierEvents, WorkerEvents
+from kvtier.engines.vllm.events import CacheEvents, KVTierEvents
 from kvtier.engines.vllm.groups import KVGroups
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
@@ -119,7 +119,7 @@ class WorkerSide:
         if self.shards.size > 1:
             self.cache.add_eviction_listener(self._on_evicted)
         self._announcer = (
-            WorkerEvents(self.cache, config.tiers, geometry.block_size) if events else None
+            CacheEvents(self.cache, config.tiers, geometry.block_size) if events else None
         )
 
     # --- set-up -------------------------------------------------------------------------------

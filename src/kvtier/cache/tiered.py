@@ -285,10 +285,14 @@ class TieredCache(contextlib.AbstractContextManager):
         self.metrics.record_store(len(keys))
         return self._writes.store(keys, payloads, meta, copy, values)
 
-    def discard(self, keys: Sequence[bytes], tier: int | None = None) -> None:
-        """Queue the deletion of ``keys`` from tier ``tier`` (every tier by default): blocks no
-        longer worth keeping."""
-        for t in range(len(self._tiers)) if tier is None else (tier,):
+    def discard(self, keys: Sequence[bytes], tier: str = "") -> None:
+        """Queue the deletion of ``keys`` from the tier named ``tier`` (``""``: every tier; a
+        name this cache has no tier of: none): blocks no longer worth keeping."""
+        if not tier:
+            where: range | tuple[int, ...] = range(len(self._tiers))
+        else:
+            where = (self.names.index(tier),) if tier in self.names else ()
+        for t in where:
             for key in keys:
                 self._writes.discard(t, key)
 

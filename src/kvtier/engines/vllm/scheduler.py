@@ -434,10 +434,10 @@ class SchedulerSide:
             last = min(b0 + self.blocks_per_chunk, end_block)
             if last <= b0 + skip:
                 break
-            blocks = self._blocks(st, c) if self._events is not None else None
+            named = self._blocks(st, c) if self._events is not None else None
             every = tuple(tuple(g[b0 + skip : last]) for g in groups) if len(groups) > 1 else ()
             ids = tuple(block_ids[b0 + skip : last])
-            chunks.append(ChunkLoad(keys[c], ids, skip, blocks, every))
+            chunks.append(ChunkLoad(keys[c], ids, skip, named, every))
         job = LoadJob(request.request_id, tuple(chunks), tuple(tiers[: len(chunks)]), sync=st.sync)
         by_tier: dict[str, int] = {}
         for chunk, t in zip(job.chunks, job.tiers, strict=True):
@@ -458,9 +458,7 @@ class SchedulerSide:
             discards, self._discards = self._discards, []
         meta = KVTierMetadata(loads=loads, discards=discards)
         for key, tier in discards:  # this half's own copies (its preloads) go too
-            where = self.names.index(tier) if tier in self.names else None
-            if not tier or where is not None:
-                self.cache.discard(self.shards.every_part([key]), where)
+            self.cache.discard(self.shards.every_part([key]), tier)
         scheduled = scheduler_output.num_scheduled_tokens
         computed: dict[str, int] = {}  # tokens each scheduled request had before this step
         for new in scheduler_output.scheduled_new_reqs:
@@ -725,10 +723,10 @@ class SchedulerSide:
         hit = keys[: found.hit_chunks]
         parts = self.shards.every_part(hit)
         if self.shards.size > 1:
-            self._promoted.remember(parts, [k for k in hit for _ in range(self.shards.size)])
+            self._promoted.remember(parts, self.shards.per_part(hit))
         if self._own_events is not None:
-            blocks = [self._blocks(st, c) for c in range(len(hit))]
-            self._own_events.expect(parts, [b for b in blocks for _ in range(self.shards.size)])
+            named = [self._blocks(st, c) for c in range(len(hit))]
+            self._own_events.expect(parts, self.shards.per_part(named))
         result = self.cache.prefetch(parts).result()
         st.preloaded = result.promoted // self.shards.size
         self.counters.add("preloaded_chunks", st.preloaded)

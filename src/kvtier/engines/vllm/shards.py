@@ -21,6 +21,8 @@ import xxhash
 from kvtier.cache.results import LookupResult
 from kvtier.keys import Namespace
 
+V = TypeVar("V")
+
 
 @dataclass(frozen=True)
 class Shards:
@@ -57,6 +59,10 @@ class Shards:
             return list(keys)
         return [self.key(k, r) for k in keys for r in range(self.size)]
 
+    def per_part(self, values: Sequence[V]) -> list[V]:
+        """Each chunk's value once per part, in :meth:`every_part`'s order."""
+        return [v for v in values for _ in range(self.size)]
+
     def whole(self, found: LookupResult) -> LookupResult:
         """A lookup of :meth:`every_part` as chunks: the leading chunks with every part found,
         each in the slowest tier any of its parts is in."""
@@ -74,9 +80,6 @@ class Shards:
         if n == 1 or len(found.tiers) % n == 0:
             return None
         return len(found.tiers) // n
-
-
-V = TypeVar("V")
 
 
 class PartBook(Generic[V]):

@@ -160,10 +160,7 @@ class WorkerSide:
         if meta is None:
             return
         for key, tier in meta.discards:  # another rank lost its part there: this one is useless
-            where = self.names.index(tier) if tier in self.names else None
-            if tier and where is None:
-                continue
-            self.cache.discard([self.shards.key(key, self.rank)], where)
+            self.cache.discard([self.shards.key(key, self.rank)], tier)
         # Every chunk of the step's loads is pinned first, so that neither the chunks this
         # worker stores meanwhile nor the promotions of another load evict one before it is read.
         pins = [self.cache.pin(self._parts(job), LOAD_PIN_S) for job in meta.loads]

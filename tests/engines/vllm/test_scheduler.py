@@ -393,19 +393,21 @@ def test_a_producer_never_loads_stores_every_chunk_and_says_how_many(dirs):
         side.close()
 
 
+def _consumer(dirs, wait_s: float, tokens: list[int], chunks: int):
+    """A consumer's scheduler half, and a request its producer said ``chunks`` chunks of."""
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, producer_wait_s=wait_s)
+    side = SchedulerSide(config.for_role("kv_consumer"), NS, GEOMETRY)
+    handed = {"kv_transfer_params": {"kvtier_chunks": chunks}}
+    req = Request("r1", tokens, SamplingParams(max_tokens=4, extra_args=handed), None)
+    side.on_new_request(req)
+    return side, req
+
+
 def test_a_consumer_waits_for_the_chunks_its_producer_stored_and_never_stores(dirs):
     _host, disk = dirs
     tokens = list(range(7000, 7000 + 3 * CHUNK + 3))
-    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, producer_wait_s=30).for_role(
-        "kv_consumer"
-    )
-    side = SchedulerSide(config, NS, GEOMETRY)
+    side, req = _consumer(dirs, 30, tokens, 3)
     try:
-        params = SamplingParams(
-            max_tokens=4, extra_args={"kv_transfer_params": {"kvtier_chunks": 3}}
-        )
-        req = Request("r1", tokens, params, None)
-        side.on_new_request(req)
         assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # not stored yet
         _on_disk(disk, tokens)  # the producer's stores land
         deadline = time.monotonic() + 10
@@ -423,17 +425,8 @@ def test_a_consumer_waits_for_the_chunks_its_producer_stored_and_never_stores(di
 
 
 def test_a_consumer_stops_waiting_after_producer_wait_s_and_computes(dirs):
-    tokens = list(range(8000, 8000 + 2 * CHUNK + 3))
-    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, producer_wait_s=0.2).for_role(
-        "kv_consumer"
-    )
-    side = SchedulerSide(config, NS, GEOMETRY)
+    side, req = _consumer(dirs, 0.2, list(range(8000, 8000 + 2 * CHUNK + 3)), 2)
     try:
-        params = SamplingParams(
-            max_tokens=4, extra_args={"kv_transfer_params": {"kvtier_chunks": 2}}
-        )
-        req = Request("r1", tokens, params, None)
-        side.on_new_request(req)
         assert side.get_num_new_matched_tokens(req, 0) == (None, False)
         time.sleep(0.3)
         assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # never stored: computed

@@ -39,3 +39,24 @@ def test_the_speedup_is_the_fresh_median_over_the_held_one_and_needs_every_load_
     report.samples[3] = Sample("held", 0.4, loaded_tokens=768)  # not all of it loaded
     assert not report.all_loaded()
     assert ReloadConfig(prompt_tokens=4160).max_model_len == 4224
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mode", "both"], "--mode is one of restart, pd"),
+        (["--mode", "pd", "--shared", "redis://127.0.0.1:1/0"], "does not answer"),
+    ],
+)
+def test_the_command_refuses_bad_input_in_one_line_before_any_engine_starts(
+    args, message, monkeypatch, capsys, tmp_path
+):
+    from kvtier.cli.main import app
+    from kvtier.testing.cli import run_cli
+
+    code, out, err = run_cli(
+        app, monkeypatch, capsys, "bench", "reload", "--dir", str(tmp_path), *args
+    )
+    assert code == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("*.log"))  # no engine was started

@@ -31,14 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.bench.serve import vocab_range
 from kvtier.engines.vllm.records import prompt_hash, read_records
 from kvtier.errors import ConfigError
 from kvtier.harness.vllm_server import ServerConfig, VllmServer, connector_config
 
 MODES = ("restart", "pd")
-#: Token ids prompts are drawn from (plain vocabulary of the embedded model, no special tokens).
-VOCAB = (100, 40000)
-#: The issue's target: a held prompt's TTFT at least this many times faster than recomputing.
+#: The target: a held prompt's TTFT at least this many times faster than recomputing it.
 TARGET = 3.0
 
 
@@ -54,7 +53,6 @@ class ReloadConfig:
     shared: str | None = None
     directory: Path = Path(".kvtier/bench-reload")
     seed: int = 0
-    model: Path | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -115,7 +113,6 @@ class ReloadReport:
         """The report as JSON-ready data."""
         config = asdict(self.config)
         config["directory"] = str(self.config.directory)
-        config["model"] = str(self.config.model) if self.config.model else None
         speedup = self.speedup()
         return {
             "config": config,
@@ -156,11 +153,10 @@ class ReloadBench:
         self.model = model
         self.on_step: Callable[[str], None] = lambda label: None
         rng = np.random.default_rng(config.seed)
-        n = config.prompts
-        draw = lambda: [int(t) for t in rng.integers(*VOCAB, config.prompt_tokens)]  # noqa: E731
-        self.held = [draw() for _ in range(n)]
-        self.fresh = [draw() for _ in range(n)]
-        self.warm = draw()
+        low, high = vocab_range(model)
+        n, size = config.prompts, config.prompt_tokens
+        prompts = [[int(t) for t in rng.integers(low, high, size)] for _ in range(2 * n + 1)]
+        self.held, self.fresh, self.warm = prompts[:n], prompts[n : 2 * n], prompts[-1]
 
     def steps(self) -> int:
         """Steps :meth:`run` reports (for a progress bar)."""

@@ -187,7 +187,7 @@ class ServeBench:
             "max_model_len": c.model_len(),
         }
         report = ServeReport(c, [], [], env, tiers)
-        vocab = _vocab_range(folder)
+        vocab = vocab_range(folder)
         if c.prefix.sessions:
             self._write_sessions(folder, vocab)
         held: dict[str, VllmServer] = {}
@@ -449,7 +449,7 @@ class ServeBench:
             self._stop(system, held.pop(system))
 
 
-def _vocab_range(folder: Path) -> tuple[int, int]:
+def vocab_range(folder: Path) -> tuple[int, int]:
     """Token ids to draw warm-up prompts from (clear of the special ids at both ends)."""
     try:
         vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
@@ -459,4 +459,4 @@ def _vocab_range(folder: Path) -> tuple[int, int]:
     return low, max(low + 1, vocab - low)
 
 
-__all__ = ["ServeBench", "wait_idle", "wait_quiet"]
+__all__ = ["ServeBench", "vocab_range", "wait_idle", "wait_quiet"]

@@ -52,7 +52,7 @@ def reload(
     from kvtier.cli.console import print_report, step_progress
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.tiers.paths import usable_directory
-    from kvtier.tiers.registry import check_tier_url
+    from kvtier.tiers.registry import check_tier_url, open_tier
 
     directory = usable_directory(directory, "--dir", keep=True)
     config = ReloadConfig(
@@ -65,8 +65,9 @@ def reload(
         directory=directory,
         seed=seed,
     )
-    if shared is not None:
+    if shared is not None:  # refused now, in one line, rather than by both engines' start-up
         check_tier_url(shared)
+        open_tier(shared, b"kvtier-bench-chk").close()
     folder, _, _ = embedded_model_folder()
     err = Console(stderr=True)
     with step_progress(err) as progress:

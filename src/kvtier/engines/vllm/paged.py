@@ -118,20 +118,7 @@ def gather_layers(layout: PagedLayout, caches, ids_by_layer: Sequence[Sequence[i
 def scatter_blocks(layout: PagedLayout, caches, block_ids: Sequence[int], chunk) -> None:
     """Copy a chunk's bytes (``chunk``, as :func:`gather_blocks` wrote them) into blocks
     ``block_ids`` of every layer."""
-    scatter_part(layout, caches, chunk, len(block_ids), 0, block_ids)
-
-
-def scatter_part(
-    layout: PagedLayout,
-    caches,
-    chunk,
-    blocks_per_chunk: int,
-    skip: int,
-    block_ids: Sequence[int],
-) -> None:
-    """Copy blocks ``skip:skip+len(block_ids)`` of a chunk of ``blocks_per_chunk`` blocks into
-    blocks ``block_ids`` of every layer (a load that needs only part of a chunk)."""
-    scatter_layers(layout, caches, chunk, blocks_per_chunk, skip, [block_ids] * layout.layers)
+    scatter_layers(layout, caches, chunk, len(block_ids), 0, [block_ids] * layout.layers)
 
 
 def scatter_layers(
@@ -142,8 +129,10 @@ def scatter_layers(
     skip: int,
     ids_by_layer: Sequence[Sequence[int]],
 ) -> None:
-    """:func:`scatter_part` with each layer's own block ids (layers of different KV-cache
-    groups); vLLM's null block (id 0, a sliding window's blocks outside it) is never written."""
+    """Copy blocks ``skip:skip+n`` of a chunk of ``blocks_per_chunk`` blocks into each layer's
+    ``n`` blocks ``ids_by_layer[layer]`` (a load may need only part of a chunk; layers of
+    different KV-cache groups use different block tables); vLLM's null block (id 0, a sliding
+    window's blocks outside it) is never written."""
     count = len(ids_by_layer[0])
     if skip < 0 or skip + count > blocks_per_chunk:
         raise ConfigError(f"blocks {skip}..{skip + count} are not in a chunk of {blocks_per_chunk}")
@@ -166,5 +155,4 @@ __all__ = [
     "gather_layers",
     "scatter_blocks",
     "scatter_layers",
-    "scatter_part",
 ]

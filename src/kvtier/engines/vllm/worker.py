@@ -64,11 +64,6 @@ def layer_names(kv_caches: Mapping[str, torch.Tensor]) -> list[str]:
     return sorted(kv_caches, key=index)
 
 
-def layer_order(kv_caches: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The caches ordered by layer number (the first integer in each layer's name)."""
-    return [kv_caches[name] for name in layer_names(kv_caches)]
-
-
 class WorkerSide:
     """The connector's worker half over ``config``'s tiers."""
 
@@ -361,4 +356,4 @@ class WorkerSide:
         close_cache(self.cache)
 
 
-__all__ = ["WorkerSide", "layer_names", "layer_order"]
+__all__ = ["WorkerSide", "layer_names"]

@@ -141,20 +141,21 @@ class CacheEvents:
                         ownership=place.name,
                     )
                 )
-        out += [self._removed(place, p) for p in deleted if self._known.chunk(p) is not None]
+        gone = (self._known.chunk(p) for p in deleted)
+        out += [self._removed(place, b) for b in gone if b is not None]
         if out:
             with self._lock:
                 self._events.extend(out)
 
     def _on_evicted(self, tier: str, part: bytes) -> None:
-        if self._known.chunk(part) is not None:
-            event = self._removed(self.places[tier], part)
+        b = self._known.chunk(part)
+        if b is not None:
+            event = self._removed(self.places[tier], b)
             with self._lock:
                 self._events.append(event)
 
-    def _removed(self, place: TierPlace, part: bytes) -> BlockRemoved:
-        b = self._known.chunk(part)
-        assert b is not None
+    @staticmethod
+    def _removed(place: TierPlace, b: ChunkBlocks) -> BlockRemoved:
         return BlockRemoved(
             block_hashes=list(b.hashes),
             medium=place.medium,

@@ -9,6 +9,7 @@ import obstore
 import pytest
 import xxhash
 
+from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.testing.tier_conformance import NS_A, TierConformance, make_key, make_payload
 from kvtier.tiers import open_tier
@@ -121,3 +122,32 @@ def test_ttl_makes_old_objects_misses(s3_env):
     assert not tier.contains(key)
     assert tier.get_into(key, np.zeros(100, np.uint8)) is None
     tier.close()
+
+
+def test_defaults_store_at_once_on_a_fresh_bucket(s3_env):
+    """The default bound fits an object store's first writes: none fails on a new bucket."""
+    tier = open_tier(_url(s3_env, bucket="kvtier-fresh"), NS_A)
+    try:
+        assert tier.options.timeout >= 1.0 and tier.options.retries == 2
+        items = [(make_key(i), make_payload(make_key(i), 0, 64 * 1024), None) for i in range(16)]
+        assert tier.put_many([(k, p, RAW_META) for k, p, _ in items]) == [True] * 16
+        assert all(tier.contains_many([k for k, _, _ in items]))
+    finally:
+        tier.close()
+
+
+def test_a_store_failure_is_the_tiers_own_error(s3_env, monkeypatch):
+    """A request the store refuses (here: wrong credentials) is TierUnavailableError at the
+    tier's edge, one call or a batch, never the client library's exception nor the secret."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
+    tier = open_tier(_url(s3_env, optional=1), NS_A)
+    try:
+        assert tier.degraded
+        with pytest.raises(TierUnavailableError, match="S3 store failed"):
+            tier.put(make_key(1), make_payload(make_key(1), 0, 4096))
+        batch = [(make_key(i), make_payload(make_key(i), 0, 4096), RAW_META) for i in range(3)]
+        with pytest.raises(TierUnavailableError, match="S3 store failed") as info:
+            tier.put_many(batch)
+        assert "wrong-secret-value" not in str(info.value)
+    finally:
+        tier.close()

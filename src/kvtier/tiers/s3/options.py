@@ -2,6 +2,8 @@
 
 Credentials are never options: they come from the usual environment variables
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``…).
+An object store answers in tens of milliseconds and takes much longer on a first write or in its
+tail, so its ``timeout=`` defaults to seconds, and transient failures are retried within it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,27 @@ from dataclasses import dataclass
 from kvtier.tiers.shared import SharedOptions
 from kvtier.tiers.url import opt
 
+#: The default bound of one S3 operation, in seconds: object stores' first writes and tails.
+S3_TIMEOUT_S = 2.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class S3Options(SharedOptions):
     """What an ``s3://`` URL sets besides its bucket and prefix."""
+
+    timeout: float = opt(
+        "seconds",
+        S3_TIMEOUT_S,
+        min=0.001,
+        help="seconds an operation may take, retries included (the tier is then skipped a while)",
+    )
+    retries: int = opt(
+        "int",
+        2,
+        min=0,
+        max=10,
+        help="times a request is retried after a server error or a dropped connection",
+    )
 
     endpoint: str | None = opt(
         "str", None, example="http://127.0.0.1:8333", help="the S3 server (default: AWS's)"
@@ -30,4 +49,4 @@ class S3Options(SharedOptions):
     )
 
 
-__all__ = ["S3Options"]
+__all__ = ["S3_TIMEOUT_S", "S3Options"]

@@ -4,9 +4,10 @@ Objects are named ``<url prefix>/<prefix>/<namespace>/<key>`` (hex). A batch of 
 puts runs concurrently (``concurrency=`` in flight) on threads the tier owns, each making
 obstore's blocking calls (which release the GIL; they cost less per request than obstore's
 asyncio calls on an event loop); a batch of one runs in the caller's thread. The whole batch is
-bounded: ``timeout=`` seconds per round of requests plus its bytes at ``rate=``; the HTTP client
-itself gives up on a request past that bound (a store object per bound, made once), and past it
-the batch raises TimeoutError.
+bounded: ``timeout=`` seconds per round of requests plus its bytes at ``rate=``. obstore retries
+a request after a server error or a dropped connection (``retries=`` times, with backoff), each
+attempt given its share of the bound (a store object per bound, made once); past the bound the
+batch raises TimeoutError, and any other failure of the store raises TierUnavailableError.
 obstore sends large objects in multipart uploads by itself. With ``ttl=``, an object older than
 that is a miss (S3 keeps it until the bucket's lifecycle rules remove it).
 
@@ -27,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import obstore
+import obstore.exceptions
 from obstore.store import S3Store
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block
@@ -39,6 +41,7 @@ from kvtier.tiers.url import parse_options
 _OPEN_TIMEOUT_S = 2.0
 _FIRST_GUESS = 1 << 20  # bytes of a block before the tier has seen one
 _BOUND_STEP_MS = 50  # bounds up to 1 s round up to this, longer ones to a power of two of ms
+_BACKOFF_MS = 10  # the first retry's wait; each later one doubles it
 
 
 class S3Tier(SharedTier):
@@ -73,7 +76,11 @@ class S3Tier(SharedTier):
             "connect_timeout": f"{max(1, int(o.timeout * 1000))}ms",
             "allow_http": bool(o.endpoint and o.endpoint.startswith("http://")),
         }
-        retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=o.timeout)}
+        retry = {
+            "max_retries": o.retries,
+            "retry_timeout": timedelta(seconds=o.timeout),
+            "backoff": {"init_backoff": timedelta(milliseconds=_BACKOFF_MS), "base": 2},
+        }
         self._store_args = (bucket, config, client, retry)
         self._bounded: dict[int, S3Store] = {}
         try:
@@ -135,9 +142,10 @@ class S3Tier(SharedTier):
 
     # --- running batches ----------------------------------------------------------------
     def _within(self, seconds: float) -> S3Store:
-        """The store whose HTTP client gives up on a request after ``seconds`` (rounded up: a
-        few store objects, each with its connections, not one per batch size)."""
-        ms = max(_BOUND_STEP_MS, -(-int(seconds * 1000) // _BOUND_STEP_MS) * _BOUND_STEP_MS)
+        """The store whose HTTP client gives each attempt of a request its share of ``seconds``
+        (rounded up: a few store objects, each with its connections, not one per batch size)."""
+        attempt = seconds / (1 + self.options.retries)
+        ms = max(_BOUND_STEP_MS, -(-int(attempt * 1000) // _BOUND_STEP_MS) * _BOUND_STEP_MS)
         if ms > 1000:  # long bounds (large batches) in powers of two: a few stores in all
             ms = 1 << (ms - 1).bit_length()
         store = self._bounded.get(ms)
@@ -164,18 +172,27 @@ class S3Tier(SharedTier):
                 raise TimeoutError(
                     f"{self.name}: an S3 request took over {deadline:.3f} s"
                 ) from None
+            except obstore.exceptions.BaseError as exc:
+                raise self._failed(exc) from None
         futures = [self._pool.submit(c, store) for c in calls]
         done, pending = wait(futures, deadline, return_when=FIRST_EXCEPTION)
         for f in done:
             if f.exception() is not None:
                 for p in pending:
                     p.cancel()
-                raise f.exception()
+                exc = f.exception()
+                if isinstance(exc, obstore.exceptions.BaseError):
+                    raise self._failed(exc) from None
+                raise exc
         if pending:
             for p in pending:
                 p.cancel()
             raise TimeoutError(f"{self.name}: {len(calls)} S3 requests took over {deadline:.3f} s")
         return [f.result() for f in futures]
+
+    def _failed(self, exc: Exception) -> TierUnavailableError:
+        """A store's error as the tier's own: its first line, never a credential."""
+        return TierUnavailableError(f"{self.name}: the S3 store failed a request: {_brief(exc)}")
 
     @property
     def store(self) -> S3Store:
@@ -265,6 +282,8 @@ class S3Tier(SharedTier):
         except TimeoutError:
             future.cancel()
             raise TimeoutError(f"{self.name}: listing the bucket took too long") from None
+        except obstore.exceptions.BaseError as exc:
+            raise self._failed(exc) from None
 
     def iter_keys(self) -> Iterator[bytes]:
         keys = [key_of(m["path"]) for m in self._objects() if self._fresh(m)]

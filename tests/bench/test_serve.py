@@ -714,6 +714,7 @@ kvtier = partial(run_cli, app)
     ("args", "message"),
     [
         (["--systems", "vllm,foo"], "unknown foo"),
+        (["--systems", "ceiling,oracle"], "each system once"),  # oracle is the ceiling
         (["--concurrency", "1,x"], "--concurrency"),
         (["--num-prompts", "3"], "--num-prompts 3"),
         (["--quiet-load", "-1"], "--quiet-load"),
@@ -860,3 +861,38 @@ def test_the_ceilings_pool_holds_every_token_of_the_run_and_tp_reaches_every_eng
     assert ServeBenchConfig().engine_env() == {}
     with pytest.raises(ConfigError, match="--tensor-parallel must be at least 1"):
         ServeBenchConfig(tensor_parallel=0)
+
+
+def _timed(system: str, c: int, mean_ms: float, duration_s: float) -> RunResult:
+    raw = json.loads(PREFIX_FILE.read_text())
+    raw.update(median_ttft_ms=mean_ms, mean_ttft_ms=mean_ms, duration=duration_s)
+    result = ClientResult.from_dict(raw)
+    return RunResult(system, "prefix_repetition", c, 0, 0, result, CacheCounters(), 1.0, "f")
+
+
+def test_every_report_gives_the_share_of_the_gain_or_says_there_is_none():
+    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1, 4))
+    r = ServeReport(config, [], [], {}, {}, 0.0)
+    r.runs = [
+        _timed("vllm", 1, 6000.0, 100.0),
+        _timed("ceiling", 1, 1000.0, 50.0),
+        _timed("kvtier", 1, 1400.0, 52.0),
+        _timed("vllm", 4, 5000.0, 80.0),
+        _timed("ceiling", 4, 4950.0, 79.5),  # within noise: nothing to gain
+        _timed("kvtier", 4, 5200.0, 80.5),
+    ]
+    assert r.share_of_gain("kvtier", 1, "mean") == pytest.approx(4600 / 5000)
+    assert r.share_of_gain("kvtier", 1, "duration") == pytest.approx(48 / 50)
+    assert r.nothing_to_gain(1) is False and r.nothing_to_gain(4) is True
+    targets = {t.name: t for t in r.targets()}
+    gain = targets["kvtier share of the possible gain (TTFT mean, duration), concurrency 1"]
+    assert gain.passed and gain.measured == pytest.approx(0.92)
+    flat = targets["nothing to gain at concurrency 4: kvtier / vLLM alone, TTFT mean and duration"]
+    assert flat.passed is False and flat.measured == pytest.approx(5200 / 5000)
+    doc = json.loads(serve_json(r))
+    assert doc["share_of_possible_gain"]["duration"]["1"]["kvtier"] == pytest.approx(0.96)
+    assert doc["nothing_to_gain"] == {"1": False, "4": True}
+    console = Console(record=True, width=260)
+    console.print(serve_table(r))
+    text = console.export_text()
+    assert "92 · 92" in text and "nothing to gain" in text

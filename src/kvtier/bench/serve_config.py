@@ -22,6 +22,8 @@ SYSTEMS = ("vllm", "ceiling", "kvtier", "kvtier-disk", "example")
 #: The systems a run has unless told otherwise.
 DEFAULT_SYSTEMS = ("vllm", "kvtier", "kvtier-disk", "example")
 CEILING = "ceiling"
+#: Other names a system goes by on the command line.
+SYSTEM_ALIASES = {"oracle": CEILING}
 REFERENCE = "vllm"
 #: Systems the no-reuse (random) throughput check compares.
 RANDOM_SYSTEMS = ("vllm", "kvtier")
@@ -32,6 +34,11 @@ DEFAULT_DIR = Path(".kvtier") / "bench-serve"
 TTFT_SPEEDUP_TARGET = 3.0
 THROUGHPUT_TOLERANCE = 0.03
 DISK_VS_EXAMPLE_TARGET = 0.5
+#: The share of the ceiling's gain over vLLM alone kvtier is to capture (TTFT mean, duration).
+GAIN_SHARE_TARGET = 0.9
+#: Below this share of vLLM alone's figure, the ceiling's gain is noise: nothing to gain, and
+#: kvtier is to stay within it of vLLM alone.
+NOTHING_TO_GAIN = 0.03
 #: The wait for KV with preloading, as a share of the wait when loading on demand.
 PRELOAD_WAIT_TARGET = 0.2
 #: The issue's workload shape for those thresholds.

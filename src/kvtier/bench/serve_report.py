@@ -9,8 +9,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from kvtier.bench.serve_config import REFERENCE, SYSTEMS
-from kvtier.bench.serve_results import RunResult, ServeReport, Target, iter_prefix_runs
+from kvtier.bench.serve_config import CEILING, REFERENCE, SYSTEMS
+from kvtier.bench.serve_results import (
+    GAIN_METRICS,
+    RunResult,
+    ServeReport,
+    Target,
+    iter_prefix_runs,
+)
 from kvtier.specs import format_bytes
 
 
@@ -20,6 +26,18 @@ def _ms(x: float | None) -> str:
 
 def _share(x: float | None) -> str:
     return "–" if x is None else f"{x:.0%}"
+
+
+def _shares(report: ServeReport, run: RunResult) -> str:
+    """The run's share of the ceiling's gain on each of :data:`GAIN_METRICS`, in percent."""
+    if run.system in (REFERENCE, CEILING):
+        return "–"
+    if report.nothing_to_gain(run.concurrency):
+        return "nothing to gain"
+    shares = [report.share_of_gain(run.system, run.concurrency, m) for m in GAIN_METRICS]
+    if all(x is None for x in shares):
+        return "–"
+    return " · ".join("–" if x is None else f"{100 * x:.0f}" for x in shares) + " %"
 
 
 def _times(x: float | None) -> str:
@@ -60,8 +78,9 @@ def prefix_table(report: ServeReport) -> Table:
         shape
         + f"vLLM pool {tiers.get('pool_blocks')} blocks ({tiers.get('pool_tokens')} tokens) vs "
         f"prefixes {p.prefix_blocks} blocks; TTFT in ms (vLLM's client); of the gain: the share "
-        "of the ceiling's TTFT p50 saving over vLLM alone (a pool that holds everything, when "
-        "run); load: 1-minute load average at the run's start → end"
+        "of the ceiling's saving over vLLM alone (a pool that holds everything, when run) on "
+        "TTFT p50 · mean · p99 · the run's duration; load: 1-minute load average at the run's "
+        "start → end"
     )
     table = Table(title=title, title_justify="left")
     for name in (
@@ -99,7 +118,7 @@ def prefix_table(report: ServeReport) -> Table:
             _ms(cl.ttft_median_ms),
             _ms(cl.ttft_p99_ms),
             "ref" if run.system == REFERENCE else _times(speedup),
-            _share(report.share_of_gain(run.system, run.concurrency)),
+            _shares(report, run),
             f"{cl.request_throughput:.3f}",
             f"{cl.total_token_throughput:,.0f}",
             _share(run.cache.local_hit_rate),

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.bench.serve_client import ClientResult
 from kvtier.bench.serve_config import (
+    CEILING,
     DISK_VS_EXAMPLE_TARGET,
+    GAIN_SHARE_TARGET,
+    NOTHING_TO_GAIN,
     PRELOAD_WAIT_TARGET,
     REFERENCE,
     SYSTEMS,
@@ -25,6 +28,17 @@ from kvtier.bench.stats import median_ratio_interval, pearson_r
 
 if TYPE_CHECKING:
     from kvtier.bench.serve_preload import PreloadResult
+
+#: The figures a system's share of the possible gain is given for: their label and the client's
+#: field (TTFT in ms, the run's duration in s).
+GAIN_METRICS = {
+    "p50": "ttft_median_ms",
+    "mean": "ttft_mean_ms",
+    "p99": "ttft_p99_ms",
+    "duration": "duration_s",
+}
+#: The figures the ceiling target and the nothing-to-gain check look at.
+GAIN_TARGET_METRICS = ("mean", "duration")
 
 #: How the name of vLLM's engine core process starts (``VLLM::EngineCore``, of which
 #: ``/proc/<pid>/stat`` keeps 15 characters).
@@ -167,12 +181,17 @@ class ServeReport:
     def random_runs(self, system: str) -> list[RunResult]:
         return [r for r in self.runs if r.dataset == "random" and r.system == system]
 
-    def p50(self, system: str, concurrency: int) -> float | None:
-        """TTFT p50 (ms) of ``system``'s prefix run at ``concurrency`` (None: none usable)."""
+    def figure(self, system: str, concurrency: int, metric: str = "p50") -> float | None:
+        """One of :data:`GAIN_METRICS` of ``system``'s prefix run at ``concurrency`` (None: no
+        usable run)."""
         run = self.prefix_run(system, concurrency)
         if run is None or run.client.completed == 0:
             return None
-        return run.client.ttft_median_ms
+        return getattr(run.client, GAIN_METRICS[metric])
+
+    def p50(self, system: str, concurrency: int) -> float | None:
+        """TTFT p50 (ms) of ``system``'s prefix run at ``concurrency`` (None: none usable)."""
+        return self.figure(system, concurrency, "p50")
 
     def fastest_ttft_ms(self, concurrency: int) -> float | None:
         """The fastest first token any system's prefix run served at ``concurrency`` (ms): a
@@ -201,14 +220,65 @@ class ServeReport:
         """vLLM alone's TTFT p50 over ``system``'s, at ``concurrency``."""
         return _ratio(self.p50(REFERENCE, concurrency), self.p50(system, concurrency))
 
-    def share_of_gain(self, system: str, concurrency: int) -> float | None:
-        """How much of the TTFT p50 the ceiling (a pool that holds everything) saves over vLLM
-        alone ``system`` saves too, at ``concurrency`` (None: no ceiling run, or no gain)."""
-        ref, top = self.p50(REFERENCE, concurrency), self.p50("ceiling", concurrency)
-        mine = self.p50(system, concurrency)
+    def share_of_gain(self, system: str, concurrency: int, metric: str = "p50") -> float | None:
+        """How much of what the ceiling (a pool that holds everything) saves over vLLM alone on
+        ``metric`` ``system`` saves too, at ``concurrency``: (alone − system) / (alone −
+        ceiling) (None: no ceiling run, or no gain)."""
+        ref = self.figure(REFERENCE, concurrency, metric)
+        top = self.figure(CEILING, concurrency, metric)
+        mine = self.figure(system, concurrency, metric)
         if ref is None or top is None or mine is None or ref - top <= 0:
             return None
         return (ref - mine) / (ref - top)
+
+    def nothing_to_gain(self, concurrency: int) -> bool | None:
+        """Whether the ceiling saves less than :data:`NOTHING_TO_GAIN` of vLLM alone's TTFT mean
+        and duration at ``concurrency``: a workload no tiering can speed up (None: not run)."""
+        saved = []
+        for metric in GAIN_TARGET_METRICS:
+            ref = self.figure(REFERENCE, concurrency, metric)
+            top = self.figure(CEILING, concurrency, metric)
+            if not ref or top is None:
+                return None
+            saved.append((ref - top) / ref)
+        return max(saved) < NOTHING_TO_GAIN
+
+    def _ceiling_target(self, concurrency: int) -> Target | None:
+        """kvtier's share of the possible gain, or where there is none, kvtier against vLLM
+        alone (None: the ceiling or kvtier did not run)."""
+        nothing = self.nothing_to_gain(concurrency)
+        if nothing is None or self.prefix_run("kvtier", concurrency) is None:
+            return None
+        figures = {
+            m: (self.figure(REFERENCE, concurrency, m), self.figure("kvtier", concurrency, m))
+            for m in GAIN_TARGET_METRICS
+        }
+        detail = "; ".join(
+            f"{m}: vLLM {ref:,.1f}, kvtier {mine:,.1f}, ceiling "
+            f"{self.figure(CEILING, concurrency, m):,.1f}"
+            for m, (ref, mine) in figures.items()
+            if ref is not None and mine is not None
+        )
+        if nothing:
+            ratios = [_ratio(mine, ref) for ref, mine in figures.values()]
+            worst = None if None in ratios else max(ratios)
+            return Target(
+                f"nothing to gain at concurrency {concurrency}: kvtier / vLLM alone, TTFT mean "
+                "and duration",
+                worst,
+                f"≤ {1 + NOTHING_TO_GAIN:.2f}",
+                None if worst is None else worst <= 1 + NOTHING_TO_GAIN,
+                detail,
+            )
+        shares = [self.share_of_gain("kvtier", concurrency, m) for m in GAIN_TARGET_METRICS]
+        least = None if None in shares else min(shares)
+        return Target(
+            f"kvtier share of the possible gain (TTFT mean, duration), concurrency {concurrency}",
+            least,
+            f"≥ {GAIN_SHARE_TARGET:.0%}",
+            None if least is None else least >= GAIN_SHARE_TARGET,
+            detail,
+        )
 
     def random_rounds(self, system: str) -> list[float]:
         """Total token throughput (tokens/s) of each of ``system``'s random rounds that ran."""
@@ -267,6 +337,7 @@ class ServeReport:
                         _pair(self.p50(REFERENCE, c), self.p50("kvtier", c), "vLLM", "kvtier"),
                     )
                 )
+        out.extend(t for c in self.config.concurrency if (t := self._ceiling_target(c)))
         for c in self.config.concurrency:
             if {"kvtier-disk", "example"} <= set(self.config.systems):
                 r = _ratio(self.p50("kvtier-disk", c), self.p50("example", c))
@@ -342,6 +413,14 @@ class ServeReport:
                 str(c): {s: self.share_of_gain(s, c) for s in self.config.ordered_systems()}
                 for c in self.config.concurrency
             },
+            "share_of_possible_gain": {
+                m: {
+                    str(c): {s: self.share_of_gain(s, c, m) for s in self.config.ordered_systems()}
+                    for c in self.config.concurrency
+                }
+                for m in GAIN_METRICS
+            },
+            "nothing_to_gain": {str(c): self.nothing_to_gain(c) for c in self.config.concurrency},
             "random_throughput": {
                 s: self.random_throughput(s) for s in self.config.random_systems()
             },
@@ -400,6 +479,7 @@ def iter_prefix_runs(report: ServeReport) -> Iterator[RunResult]:
 
 
 __all__ = [
+    "GAIN_METRICS",
     "RunResult",
     "ServeReport",
     "SystemInfo",

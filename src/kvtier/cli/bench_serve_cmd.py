@@ -67,8 +67,8 @@ def serve(
     systems: Annotated[
         str,
         typer.Option(
-            help="Systems, comma-separated: vllm, ceiling (vLLM with a pool that holds "
-            "everything the run creates), kvtier, kvtier-disk, example."
+            help="Systems, comma-separated: vllm, ceiling (also called oracle: vLLM with a "
+            "pool that holds everything the run creates), kvtier, kvtier-disk, example."
         ),
     ] = "vllm,kvtier,kvtier-disk,example",
     tensor_parallel: Annotated[
@@ -166,6 +166,7 @@ def serve(
 
     from kvtier.bench.serve import ServeBench
     from kvtier.bench.serve_config import (
+        SYSTEM_ALIASES,
         PrefixWorkload,
         PreloadWorkload,
         RandomWorkload,
@@ -181,7 +182,7 @@ def serve(
     v = {k: preset[k] if options[k] is None else options[k] for k in QUICK}
     levels = str(v["concurrency"])
     config = ServeBenchConfig(
-        systems=name_list(systems),
+        systems=tuple(SYSTEM_ALIASES.get(s, s) for s in name_list(systems)),
         tensor_parallel=tensor_parallel,
         concurrency=int_list(
             levels,

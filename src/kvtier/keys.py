@@ -19,26 +19,21 @@ import numpy as np
 import xxhash
 
 from kvtier.errors import ConfigError
-from kvtier.specs.model import ModelSpec
+from kvtier.specs.model import KVIdentity, ModelSpec
 
 KEY_BYTES = 16
 ROOT = b"\x00" * KEY_BYTES
 
 
 @dataclass(frozen=True)
-class Namespace:
-    """Everything that makes one KV block incompatible with another of the same tokens.
+class Namespace(KVIdentity):
+    """Everything that makes one KV block incompatible with another of the same tokens: the
+    model's KV (:class:`KVIdentity`), its stored layout and tensor-parallel place, a tenant.
 
     ``fingerprint`` is a hash of the weights or a user-given revision; ``layout`` names the
     page/tensor layout of the stored bytes (e.g. ``"layer-kv-head-token-dim"``).
     """
 
-    model_id: str
-    fingerprint: str
-    kv_dtype: str
-    layers: int
-    kv_heads: int
-    head_dim: int
     layout: str = "layer-kv-head-token-dim"
     tp_rank: int = 0
     tp_size: int = 1

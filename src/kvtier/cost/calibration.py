@@ -33,6 +33,7 @@ import numpy as np
 from kvtier.cost.model import CostModel
 from kvtier.cost.transfer import TransferPath
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.specs.model import KVIdentity
 
 PROFILE_VERSION = 1
 
@@ -247,15 +248,9 @@ class TierFit:
 
 
 @dataclass(frozen=True)
-class ProfileModel:
-    """The model a profile was measured with."""
+class ProfileModel(KVIdentity):
+    """The model a profile was measured with: its KV, bytes per token and chunk size."""
 
-    model_id: str
-    fingerprint: str
-    kv_dtype: str
-    layers: int
-    kv_heads: int
-    head_dim: int
     kv_bytes_per_token: int
     chunk_tokens: int
 

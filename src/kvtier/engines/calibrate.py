@@ -290,13 +290,8 @@ def calibrate(
         fits[tier.name] = TierFit(tier.name, url, fit_transfer(samples), notes, codec, ratio)
         progress("tiers", i + 1, len(tiers))
     return CalibrationProfile(
-        model=ProfileModel(
-            model_id=loaded.model_id,
-            fingerprint=loaded.fingerprint,
-            kv_dtype=layout.dtype_name,
-            layers=layout.layers,
-            kv_heads=layout.kv_heads,
-            head_dim=layout.head_dim,
+        model=ProfileModel.of(
+            layout.identity(loaded.model_id, loaded.fingerprint),
             kv_bytes_per_token=layout.bytes_per_token,
             chunk_tokens=plan.chunk_tokens,
         ),

@@ -173,19 +173,8 @@ def model_namespace(
     model, model_id: str, fingerprint: str, *, tenant: str = "", tp_rank: int = 0, tp_size: int = 1
 ) -> Namespace:
     """The cache namespace of a model's KV: id, weights fingerprint, KV dtype and geometry."""
-    layout = KVLayout.from_model(model)
-    return Namespace(
-        model_id=model_id,
-        fingerprint=fingerprint,
-        kv_dtype=layout.dtype_name,
-        layers=layout.layers,
-        kv_heads=layout.kv_heads,
-        head_dim=layout.head_dim,
-        layout=LAYOUT,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        tenant=tenant,
-    )
+    identity = KVLayout.from_model(model).identity(model_id, fingerprint)
+    return Namespace.of(identity, layout=LAYOUT, tp_rank=tp_rank, tp_size=tp_size, tenant=tenant)
 
 
 class UnsupportedCacheError(KvtierError):

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from kvtier.codec import BlockMeta
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.specs.model import KVIdentity
 
 LAYOUT = "layer-kv-head-token-dim"
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -62,6 +63,12 @@ class KVLayout:
     def dtype_name(self) -> str:
         """kvtier dtype name of the KV (``bf16`` …)."""
         return dtype_name(self.dtype)
+
+    def identity(self, model_id: str, fingerprint: str) -> KVIdentity:
+        """This KV's identity as the model ``model_id`` with weights ``fingerprint`` has it."""
+        return KVIdentity(
+            model_id, fingerprint, self.dtype_name, self.layers, self.kv_heads, self.head_dim
+        )
 
     @property
     def element_bytes(self) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
 from kvtier.errors import SpecError
 
@@ -29,6 +29,26 @@ def dtype_bytes(dtype: str) -> float:
         raise SpecError(
             f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}"
         ) from None
+
+
+@dataclass(frozen=True)
+class KVIdentity:
+    """Which model's KV, in which dtype and per-rank shape: KV that differs in any of these
+    cannot stand in for another. A cache namespace and a calibration profile both start with it.
+    """
+
+    model_id: str
+    fingerprint: str
+    kv_dtype: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, identity: KVIdentity, **more: Any) -> Self:
+        """A ``cls`` (an identity with more fields) carrying ``identity`` and ``more``."""
+        own = {f.name: getattr(identity, f.name) for f in fields(KVIdentity)}
+        return cls(**own, **more)
 
 
 @dataclass(frozen=True)

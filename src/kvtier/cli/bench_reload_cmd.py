@@ -40,6 +40,7 @@ def reload(
     strict: Strict = False,
 ) -> None:
     """TTFT of held prompts against recomputing them, on real vLLM engines with kvtier."""
+    options = dict(locals())
     import json
     import shlex
     import sys
@@ -50,21 +51,13 @@ def reload(
     from kvtier.bench.env import BenchEnvironment
     from kvtier.bench.reload import ReloadBench, ReloadConfig, render
     from kvtier.cli.console import print_report, step_progress
+    from kvtier.cli.values import config_from
     from kvtier.engines.embedded import embedded_model_folder
     from kvtier.tiers.paths import usable_directory
     from kvtier.tiers.registry import check_tier_url, open_tier
 
     directory = usable_directory(directory, "--dir", keep=True)
-    config = ReloadConfig(
-        mode=mode,
-        tp=tp,
-        prompts=prompts,
-        prompt_tokens=prompt_tokens,
-        chunk_tokens=chunk_tokens,
-        shared=shared,
-        directory=directory,
-        seed=seed,
-    )
+    config = config_from(ReloadConfig, options, directory=directory)
     if shared is not None:  # refused now, in one line, rather than by both engines' start-up
         check_tier_url(shared)
         open_tier(shared, b"kvtier-bench-chk").close()

@@ -38,6 +38,29 @@ WeightDtype = Annotated[
 Mfu = Annotated[float, typer.Option("--mfu", help="Prefill FLOP utilisation.")]
 Mbu = Annotated[float, typer.Option("--mbu", help="Decode HBM bandwidth utilisation.")]
 NvmeType = Annotated[str, typer.Option("--nvme-type", help="Storage preset of the NVMe tier.")]
+Gpus = Annotated[int, typer.Option("--gpus", "-n", help="GPUs per replica (tensor parallel size).")]
+DramSize = Annotated[
+    str, typer.Option("--dram", help="DRAM tier size for KV on the host, per replica (0: none).")
+]
+NvmeSize = Annotated[str, typer.Option("--nvme", help="NVMe tier size per replica (0: none).")]
+SharedTier = Annotated[
+    str, typer.Option("--shared", help="Shared tier NAME[:SIZE], e.g. redis:1TB, net-100g.")
+]
+CodecRatio = Annotated[
+    float, typer.Option("--codec-ratio", help="Compression raw/stored on NVMe and shared tiers.")
+]
+CodecBandwidth = Annotated[
+    str | None,
+    typer.Option("--codec-bandwidth", help="Decode rate per GPU, raw bytes/s (e.g. 8GB)."),
+]
+HbmReserve = Annotated[
+    str,
+    typer.Option(
+        "--reserve",
+        help="HBM kept from KV per GPU for CUDA context, graphs, activations, "
+        "fragmentation: 10%, 0.1 or 8GiB.",
+    ),
+]
 HardwareProfile = Annotated[
     Path | None, typer.Option("--profile", help="TOML/YAML file of user models/hardware.")
 ]
@@ -58,9 +81,14 @@ __all__ = [
     "DEFAULT_DRAM",
     "DEFAULT_NVME",
     "DEFAULT_NVME_TYPE",
+    "CodecBandwidth",
+    "CodecRatio",
+    "DramSize",
     "EmbeddedModel",
     "GpuPreset",
+    "Gpus",
     "HardwareProfile",
+    "HbmReserve",
     "JsonFigures",
     "JsonOnStdout",
     "JsonToStdout",
@@ -70,7 +98,9 @@ __all__ = [
     "Mfu",
     "ModelDtype",
     "ModelPreset",
+    "NvmeSize",
     "NvmeType",
+    "SharedTier",
     "Strict",
     "TorchDevice",
     "WeightDtype",

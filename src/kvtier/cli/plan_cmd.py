@@ -36,7 +36,7 @@ def parse_tokens(text: str, what: str = "--context") -> int:
 def plan_command(
     model: opt.ModelPreset = "llama-3.1-8b",
     gpu: opt.GpuPreset = "h100",
-    gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs (tensor parallel size).")] = 1,
+    gpus: opt.Gpus = 1,
     context: Annotated[
         str, typer.Option("--context", "-c", help="Tokens per request: 131072, 128k, 1M.")
     ] = "131072",
@@ -58,35 +58,18 @@ def plan_command(
         float | None,
         typer.Option("--rate", help="Requests/s (default: the GPUs' closed-loop throughput)."),
     ] = None,
-    dram: Annotated[
-        str, typer.Option("--dram", help="DRAM tier size for KV on the host (0: none).")
-    ] = DEFAULT_DRAM,
-    nvme: Annotated[str, typer.Option("--nvme", help="NVMe tier size (0: none).")] = DEFAULT_NVME,
+    dram: opt.DramSize = DEFAULT_DRAM,
+    nvme: opt.NvmeSize = DEFAULT_NVME,
     nvme_type: opt.NvmeType = DEFAULT_NVME_TYPE,
-    shared: Annotated[
-        str,
-        typer.Option("--shared", help="Shared tier NAME[:SIZE], e.g. redis:1TB, net-100g."),
-    ] = "none",
+    shared: opt.SharedTier = "none",
     link: opt.LinkPreset = None,
-    codec_ratio: Annotated[
-        float, typer.Option("--codec-ratio", help="Compression raw/stored on NVMe and shared.")
-    ] = 1.0,
-    codec_bandwidth: Annotated[
-        str | None,
-        typer.Option("--codec-bandwidth", help="Decode rate per second, raw bytes (e.g. 8GB)."),
-    ] = None,
+    codec_ratio: opt.CodecRatio = 1.0,
+    codec_bandwidth: opt.CodecBandwidth = None,
     kv_dtype: opt.KvDtype = None,
     weight_dtype: opt.WeightDtype = None,
     mfu: opt.Mfu = 0.5,
     mbu: opt.Mbu = 0.8,
-    reserve: Annotated[
-        str,
-        typer.Option(
-            "--reserve",
-            help="HBM kept from KV per GPU for CUDA context, graphs, activations, "
-            "fragmentation: 10%, 0.1 or 8GiB.",
-        ),
-    ] = "10%",
+    reserve: opt.HbmReserve = "10%",
     lengths: Annotated[
         str | None,
         typer.Option("--lengths", help="Prefix lengths to compare, e.g. 1k,8k,32k."),

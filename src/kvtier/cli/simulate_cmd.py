@@ -25,29 +25,23 @@ from kvtier.errors import ConfigError
 def simulate_command(
     model: opt.ModelPreset = "llama-3.1-8b",
     gpu: opt.GpuPreset = "h100",
-    gpus: Annotated[int, typer.Option("--gpus", "-n", help="GPUs per replica (TP).")] = 1,
+    gpus: opt.Gpus = 1,
     replicas: Annotated[int, typer.Option(help="Serving replicas (share the shared tier).")] = 1,
-    dram: Annotated[str, typer.Option(help="DRAM tier size per replica (0: none).")] = DEFAULT_DRAM,
-    nvme: Annotated[str, typer.Option(help="NVMe tier size per replica (0: none).")] = DEFAULT_NVME,
+    dram: opt.DramSize = DEFAULT_DRAM,
+    nvme: opt.NvmeSize = DEFAULT_NVME,
     nvme_type: opt.NvmeType = DEFAULT_NVME_TYPE,
-    shared: Annotated[
-        str, typer.Option(help="Shared tier NAME[:SIZE] (e.g. redis:1TB), none by default.")
-    ] = "none",
+    shared: opt.SharedTier = "none",
     link: opt.LinkPreset = None,
     network: Annotated[
         str, typer.Option(help="Network bandwidth the replicas share to the shared tier.")
     ] = "12.5GB",
-    codec_ratio: Annotated[
-        float, typer.Option(help="Compression raw/stored on NVMe and shared tiers.")
-    ] = 1.0,
-    codec_bandwidth: Annotated[
-        str | None, typer.Option(help="Decode rate per GPU, raw bytes/s (e.g. 8GB).")
-    ] = None,
+    codec_ratio: opt.CodecRatio = 1.0,
+    codec_bandwidth: opt.CodecBandwidth = None,
     kv_dtype: opt.KvDtype = None,
     weight_dtype: opt.WeightDtype = None,
     mfu: opt.Mfu = 0.5,
     mbu: opt.Mbu = 0.8,
-    reserve: Annotated[str, typer.Option(help="HBM kept from KV per GPU: 10%, 0.1, 8GiB.")] = "10%",
+    reserve: opt.HbmReserve = "10%",
     profile: opt.HardwareProfile = None,
     calibration: Annotated[
         Path | None,

@@ -7,7 +7,9 @@ fastest: bf16 where native, else fp32), warmed with two cold prompts, then one
 ``prefix_repetition`` client run per concurrency (each concurrency its own seed, the same for
 every system: the same prompts, fresh prefixes) and ``/metrics`` scraped around each run. With
 ``sessions`` the reuse runs send multi-turn chats instead, from a file of prompts per seed
-(:mod:`kvtier.bench.serve_sessions`) through the client's ``custom`` dataset. The no-reuse check
+(:mod:`kvtier.bench.serve_sessions`) through the client's ``custom`` dataset; with a ``trace``
+they replay a slice of a request trace (:mod:`kvtier.bench.serve_trace`) through the client's
+``timed_trace`` dataset, each request at its time. The no-reuse check
 runs the ``random`` dataset on vLLM alone and on kvtier; with ``repeats`` ≥ 3 both servers stay
 up and the runs alternate between them (the order flips each round), a fresh seed per round.
 Ratios are taken against vLLM alone measured in the same run; the issue's thresholds are
@@ -141,7 +143,7 @@ class ServeBench:
         # absolute: the tiers' URLs are built from it (slab://relative would name a host)
         self.run_dir = config.work_dir.absolute() / f"serve-{self.run_id}"
         self._live: dict[str, VllmServer] = {}  # the servers up now, by system
-        self._datasets: dict[int, Path] = {}  # the sessions' prompt files, by seed
+        self._datasets: dict[int, Path] = {}  # the sessions' or the trace's files, by seed
 
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
@@ -188,12 +190,20 @@ class ServeBench:
         }
         report = ServeReport(c, [], [], env, tiers)
         vocab = vocab_range(folder)
-        if c.prefix.sessions:
+        if c.prefix.trace is not None:
+            for i in range(len(c.concurrency)):
+                seed = c.seed + i
+                path = self.run_dir / "datasets" / f"trace-{seed}.jsonl"
+                self._datasets[seed] = c.prefix.trace.write(path, seed)
+        elif c.prefix.sessions:
             self._write_sessions(folder, vocab)
         held: dict[str, VllmServer] = {}
         alternate = c.alternating()
         with contextlib.ExitStack() as stack:
-            client = stack.enter_context(ClientWorker(self.run_dir / "client.log"))
+            # the trace's prompts are drawn from hash(): the same prompts in every run
+            client = stack.enter_context(
+                ClientWorker(self.run_dir / "client.log", {"PYTHONHASHSEED": "0"})
+            )
             stack.callback(self._stop_all, held)
             for system in c.ordered_systems():
                 server = self._start(system, folder, dram, disk, vocab, report)
@@ -323,7 +333,7 @@ class ServeBench:
         p = self.config.prefix
         rng = np.random.default_rng([self.config.seed, 7919])
         began = time.perf_counter()
-        cold = p.prefix_tokens + p.suffix_tokens
+        cold = p.cold_tokens
         timings = []
         for n in (128, cold):
             prompt = [int(t) for t in rng.integers(vocab[0], vocab[1], n)]
@@ -334,7 +344,7 @@ class ServeBench:
         """The client's dataset options and prompt count for a run of ``dataset`` at ``seed``."""
         c = self.config
         if dataset == c.prefix.dataset:
-            return c.prefix.client_args(self._datasets.get(seed)), c.prefix.prompts
+            return c.prefix.client_args(self._datasets.get(seed)), c.prefix.requests
         if dataset != "random" or c.random is None:
             raise ValueError(f"this run has no {dataset!r} dataset")
         return c.random.client_args(), c.random.prompts

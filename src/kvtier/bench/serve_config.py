@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench.serve_client import prefix_repetition_args, random_args, sessions_args
+from kvtier.bench.serve_trace import TraceSlice, timed_trace_args
 from kvtier.errors import ConfigError
 from kvtier.harness.vllm_server import BLOCK_TOKENS, check_chunk_tokens, min_pool_blocks
 
@@ -75,11 +76,19 @@ class PrefixWorkload:
     prompts: int = 16
     output_tokens: int = 4
     sessions: bool = False
+    trace: TraceSlice | None = None
 
     @property
     def dataset(self) -> str:
         """The name its runs go by."""
+        if self.trace is not None:
+            return "trace"
         return "sessions" if self.sessions else "prefix_repetition"
+
+    @property
+    def requests(self) -> int:
+        """Requests a run sends."""
+        return self.trace.requests if self.trace is not None else self.prompts
 
     @property
     def prompts_per_prefix(self) -> int:
@@ -88,12 +97,31 @@ class PrefixWorkload:
     @property
     def prefix_blocks(self) -> int:
         """KV blocks all the prefixes fill together."""
+        if self.trace is not None:
+            return self.trace.distinct_tokens // BLOCK_TOKENS
         return self.num_prefixes * self.prefix_tokens // BLOCK_TOKENS
+
+    @property
+    def created_tokens(self) -> int:
+        """Tokens one run creates: every prefix once, every request's new tokens."""
+        if self.trace is not None:
+            return self.trace.tokens
+        new = self.suffix_tokens + self.output_tokens
+        return self.num_prefixes * self.prefix_tokens + self.prompts * new
+
+    @property
+    def cold_tokens(self) -> int:
+        """A first request's prompt: the warm-up's timed cold prompt is this long."""
+        if self.trace is not None:
+            return self.trace.median_input
+        return self.prefix_tokens + self.suffix_tokens
 
     @property
     def request_tokens(self) -> int:
         """Tokens of the longest request with its answer (a session's last turn, with room for
         the chat template's markers)."""
+        if self.trace is not None:
+            return self.trace.longest
         if not self.sessions:
             return self.prefix_tokens + self.suffix_tokens + self.output_tokens
         turns = self.prompts_per_prefix
@@ -101,7 +129,12 @@ class PrefixWorkload:
         return self.prefix_tokens + turns * (self.suffix_tokens + self.output_tokens) + markers
 
     def client_args(self, dataset_file: Path | None = None) -> tuple[str, ...]:
-        """The client's dataset options (``dataset_file``: the sessions' prompts)."""
+        """The client's dataset options (``dataset_file``: the sessions' prompts or the
+        trace's slice)."""
+        if self.trace is not None:
+            if dataset_file is None:
+                raise ValueError("a trace workload is sent from a dataset file")
+            return timed_trace_args(dataset_file, self.trace.block_tokens)
         if self.sessions:
             if dataset_file is None:
                 raise ValueError("a sessions workload is sent from a dataset file")
@@ -208,6 +241,8 @@ class ServeBenchConfig:
                 f"--num-prompts {p.prompts} gives no prompt to some of the "
                 f"{p.num_prefixes} prefixes; give at least --num-prefixes prompts"
             )
+        if p.sessions and p.trace is not None:
+            raise ConfigError("--sessions and --trace are two workloads; give one")
         if p.sessions and p.prompts % p.num_prefixes:
             raise ConfigError(
                 f"--num-prompts {p.prompts} does not give each of the {p.num_prefixes} sessions "
@@ -280,9 +315,8 @@ class ServeBenchConfig:
         """The ceiling's pool in blocks: every token the prefix runs create (each concurrency's
         prefixes are fresh), each request's last block apart, and one request more."""
         p = self.prefix
-        new = p.suffix_tokens + p.output_tokens
-        tokens = (p.num_prefixes * p.prefix_tokens + p.prompts * new) * len(self.concurrency)
-        requests = p.prompts * len(self.concurrency)
+        tokens = p.created_tokens * len(self.concurrency)
+        requests = p.requests * len(self.concurrency)
         blocks = -(-tokens // BLOCK_TOKENS) + requests + min_pool_blocks(self.model_len())
         return max(self.pool(), blocks)
 
@@ -318,6 +352,8 @@ class ServeBenchConfig:
     def shape_gaps(self) -> list[str]:
         """Where this run's shape falls short of the issue's target run (empty: it is one)."""
         p = self.prefix
+        if p.trace is not None:
+            return ["a trace's slice, not the target run's prefix workload"]
         gaps = []
         if p.prompts_per_prefix < TARGET_PROMPTS_PER_PREFIX:
             per = "turns per session" if p.sessions else "prompts per prefix"
@@ -337,6 +373,8 @@ class ServeBenchConfig:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        if self.prefix.trace is not None:
+            out["prefix"]["trace"] = self.prefix.trace.as_dict()
         out["work_dir"] = str(self.work_dir)
         out["shm_dir"] = str(self.shm_dir)
         out["pool_blocks_used"] = self.pool()
@@ -357,7 +395,8 @@ def tier_sizes(config: ServeBenchConfig, kv_bytes_per_token: int) -> tuple[int, 
     """
     p = config.prefix
     new = p.suffix_tokens + (p.output_tokens if p.sessions else 0)  # a turn stores its answer
-    level = (p.num_prefixes * p.prefix_tokens + p.prompts * new) * kv_bytes_per_token
+    tokens = p.num_prefixes * p.prefix_tokens + p.prompts * new
+    level = (p.created_tokens if p.trace is not None else tokens) * kv_bytes_per_token
     total = level * len(config.concurrency)
     if config.random is not None:
         r = config.random

@@ -63,7 +63,9 @@ def prefix_table(report: ServeReport) -> Table:
     """One row per concurrency and system: the client's TTFT and throughput, the caches."""
     p = report.config.prefix
     tiers = report.tiers
-    if p.sessions:
+    if p.trace is not None:
+        shape = p.trace.shape()
+    elif p.sessions:
         shape = (
             f"sessions: {p.num_prefixes} chats × {p.prompts_per_prefix} turns, first message "
             f"{p.prefix_tokens + p.suffix_tokens} tokens, then {p.output_tokens}-token answer + "

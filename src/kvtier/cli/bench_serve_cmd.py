@@ -98,6 +98,23 @@ def serve(
             "--suffix-len message (vLLM's custom dataset).",
         ),
     ] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Reuse runs replay a slice of this Mooncake-format trace (e.g. "
+            "../shared/traces/mooncake_synthetic_trace.jsonl) through vLLM's timed_trace "
+            "dataset, each request at its time, instead of prefix_repetition.",
+            show_default=False,
+        ),
+    ] = None,
+    trace_requests: Annotated[int, typer.Option(help="Requests of the trace's slice.")] = 32,
+    trace_start: Annotated[int, typer.Option(help="The slice's first line of the trace.")] = 0,
+    trace_block_tokens: Annotated[
+        int, typer.Option(help="Tokens each of the trace's 512-token hash blocks becomes.")
+    ] = 64,
+    trace_time_scale: Annotated[
+        float, typer.Option(help="Multiplies the trace's times (2: half the arrival rate).")
+    ] = 1.0,
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,
@@ -173,6 +190,7 @@ def serve(
         ServeBenchConfig,
     )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
+    from kvtier.bench.serve_trace import TRACE_MODEL_LEN, TraceSlice
     from kvtier.cli.console import print_report, step_progress
     from kvtier.engines.vllm.compat import require_modules
     from kvtier.specs import parse_size
@@ -180,6 +198,16 @@ def serve(
 
     preset = TARGET if target else QUICK
     v = {k: preset[k] if options[k] is None else options[k] for k in QUICK}
+    sliced = None
+    if trace is not None:
+        sliced = TraceSlice.read(
+            trace,
+            requests=trace_requests,
+            start=trace_start,
+            block_tokens=trace_block_tokens,
+            time_scale=trace_time_scale,
+            max_input=(max_model_len or TRACE_MODEL_LEN) - 512,
+        )
     levels = str(v["concurrency"])
     config = ServeBenchConfig(
         systems=tuple(SYSTEM_ALIASES.get(s, s) for s in name_list(systems)),
@@ -196,6 +224,7 @@ def serve(
             v["num_prompts"],
             v["output_len"],
             sessions,
+            sliced,
         ),
         random=RandomWorkload(
             v["random_input_len"],

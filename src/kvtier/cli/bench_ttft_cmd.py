@@ -11,7 +11,16 @@ from typing import Annotated
 
 import typer
 
-from kvtier.cli.options import JsonOnStdout, ModelDtype, Strict, TorchDevice
+from kvtier.cli.options import (
+    CalibrationFile,
+    EmbeddedModel,
+    ExactPrefill,
+    JsonOnStdout,
+    ModelDtype,
+    Recalibrate,
+    Strict,
+    TorchDevice,
+)
 from kvtier.cli.values import int_list
 
 
@@ -24,9 +33,7 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def ttft(
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="embedded (SmolLM2-135M), .gguf, folder or hub id.")
-    ] = "embedded",
+    model: EmbeddedModel = "embedded",
     dtype: ModelDtype = "bf16",
     device: TorchDevice = None,
     lengths: Annotated[
@@ -47,12 +54,8 @@ def ttft(
     directory: Annotated[Path, typer.Option("--dir", help="Directory of the disk tier.")] = Path(
         ".kvtier/bench-ttft"
     ),
-    profile: Annotated[
-        Path | None, typer.Option(help="Calibration profile (default: `kvtier calibrate`'s).")
-    ] = None,
-    calibrate: Annotated[
-        bool, typer.Option("--calibrate", help="Measure a profile now, even if one fits.")
-    ] = False,
+    profile: CalibrationFile = None,
+    calibrate: Recalibrate = False,
     guard: Annotated[
         bool,
         typer.Option(
@@ -60,14 +63,7 @@ def ttft(
             "that other work disturbed."
         ),
     ] = True,
-    exact: Annotated[
-        bool,
-        typer.Option(
-            "--exact",
-            help="Prefill in chunk-aligned forwards, with and without kvtier (bit-identical "
-            "logits); the default runs one forward over the new tokens.",
-        ),
-    ] = False,
+    exact: ExactPrefill = False,
     json_out: JsonOnStdout = False,
     strict: Strict = False,
 ) -> None:

@@ -77,14 +77,35 @@ TorchDevice = Annotated[
     str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
 ]
 
+# How the HF measuring commands (``kvtier run --engine hf``, ``kvtier bench ttft``) decide.
+CalibrationFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile", help="Calibration profile to use when it fits (default: `kvtier calibrate`'s)."
+    ),
+]
+Recalibrate = Annotated[
+    bool, typer.Option("--calibrate", help="Measure a quick profile now, even if one fits.")
+]
+ExactPrefill = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="Prefill in chunk-aligned forwards, with and without kvtier: logits then agree bit "
+        "for bit; one forward over the new tokens is the faster default.",
+    ),
+]
+
 __all__ = [
     "DEFAULT_DRAM",
     "DEFAULT_NVME",
     "DEFAULT_NVME_TYPE",
+    "CalibrationFile",
     "CodecBandwidth",
     "CodecRatio",
     "DramSize",
     "EmbeddedModel",
+    "ExactPrefill",
     "GpuPreset",
     "Gpus",
     "HardwareProfile",
@@ -100,6 +121,7 @@ __all__ = [
     "ModelPreset",
     "NvmeSize",
     "NvmeType",
+    "Recalibrate",
     "SharedTier",
     "Strict",
     "TorchDevice",

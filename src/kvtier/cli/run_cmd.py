@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvtier.cli.options import EmbeddedModel, JsonOnStdout, TorchDevice
+from kvtier.cli.options import (
+    CalibrationFile,
+    EmbeddedModel,
+    ExactPrefill,
+    JsonOnStdout,
+    Recalibrate,
+    TorchDevice,
+)
 from kvtier.cli.values import config_from
 from kvtier.workloads.sessions import WorkloadSpec
 
@@ -154,13 +161,8 @@ def run_command(
             "e.g. redis://host:6379/0?ttl=3600.",
         ),
     ] = None,
-    profile: Annotated[
-        Path | None,
-        typer.Option(help="Calibration profile to use when it fits [the `kvtier calibrate` one]."),
-    ] = None,
-    calibrate: Annotated[
-        bool, typer.Option("--calibrate", help="Measure a quick profile now, even if one fits.")
-    ] = False,
+    profile: CalibrationFile = None,
+    calibrate: Recalibrate = False,
     admission: Annotated[
         bool,
         typer.Option(
@@ -174,14 +176,7 @@ def run_command(
             "(decisions use only what was measured before them)."
         ),
     ] = True,
-    exact: Annotated[
-        bool,
-        typer.Option(
-            "--exact",
-            help="Prefill in chunk-aligned forwards (both runs): logits with and without kvtier "
-            "then agree bit for bit; one forward over the new tokens is the faster default.",
-        ),
-    ] = False,
+    exact: ExactPrefill = False,
     reuse: Annotated[
         bool,
         typer.Option(

@@ -87,8 +87,9 @@ def plan_command(
     ] = None,
 ) -> None:
     """Where KV overflows HBM as concurrency rises, what spills to each tier, and its cost."""
+    options = dict(locals())
     from kvtier.cli.hardware import read_hardware, spill_tiers
-    from kvtier.cli.values import byte_size
+    from kvtier.cli.values import byte_size, config_from
     from kvtier.plan import PlanRequest, parse_concurrency, parse_reserve, plan
     from kvtier.tiers.paths import writable_file
 
@@ -109,24 +110,21 @@ def plan_command(
     prefix_lengths = (
         tuple(sorted({parse_tokens(x, "--lengths") for x in lengths.split(",")})) if lengths else ()
     )
-    req = PlanRequest(
+    req = config_from(
+        PlanRequest,
+        options,
         model=hardware.model,
         gpu=hardware.gpu,
         link=hardware.link,
-        gpus=gpus,
         context=parse_tokens(context),
         concurrency=values,
         add_breakpoints=is_range,
         prefix_reuse=reuse,
-        output_tokens=output_tokens,
         tiers=tuple(tiers),
         request_rate=rate,
         reserve_fraction=fraction,
         reserve_bytes=reserve_bytes,
-        mfu=mfu,
-        mbu=mbu,
         prefix_lengths=prefix_lengths,
-        nvme_writes=nvme_writes,  # type: ignore[arg-type]
     )
     result = plan(req)
 

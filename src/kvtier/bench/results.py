@@ -10,6 +10,7 @@ from kvtier.bench.env import BenchEnvironment
 from kvtier.bench.stats import LatencyStats, PassResult
 from kvtier.bench.storage_config import RAW_TWIN, StorageBenchConfig
 from kvtier.specs import KiB
+from kvtier.specs.jsonout import attrs
 
 TARGET_MIN_BLOCK = 256 * KiB
 LOOKUP_TARGET_S = 1e-3
@@ -80,7 +81,7 @@ class Judged(ABC):
 
     def judgement(self) -> dict[str, Any]:
         """The ratio, target and verdict as JSON-ready keys, in that order."""
-        return {"ratio": self.ratio, "target": self.target, "verdict": self.verdict}
+        return attrs(self, "ratio", "target", "verdict")
 
 
 @dataclass(frozen=True)
@@ -150,17 +151,10 @@ class Measurement(Judged):
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
         return {
-            "tier": self.tier,
-            "url": self.url,
-            "op": self.op,
-            "depth": self.depth,
-            "drive": self.drive,
-            "request_blocks": self.request_blocks,
-            "block_bytes": self.block_bytes,
+            **attrs(self, "tier", "url", "op", "depth", "drive", "request_blocks", "block_bytes"),
             **self.result.as_dict(),
             "samples_gbps": list(self.samples_gbps) or [self.result.gbps],
-            "slices": self.slices,
-            "tokens_per_s": self.tokens_per_s,
+            **attrs(self, "slices", "tokens_per_s"),
             "reference": self.reference.as_dict() if self.reference else None,
             **self.judgement(),
         }
@@ -216,13 +210,7 @@ class RoundTrip(Judged):
 
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
-        return {
-            "tier": self.tier,
-            "depth": self.depth,
-            "gbps": self.gbps,
-            "reference_gbps": self.reference_gbps,
-            **self.judgement(),
-        }
+        return {**attrs(self, "tier", "depth", "gbps", "reference_gbps"), **self.judgement()}
 
 
 def round_trips(measurements: list[Measurement]) -> list[RoundTrip]:

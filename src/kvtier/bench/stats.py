@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kvtier.specs.jsonout import attrs
+
 GB = 1e9
 
 
@@ -57,10 +59,7 @@ class PassResult:
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
         return {
-            "bytes": self.bytes,
-            "seconds": self.seconds,
-            "requests": self.requests,
-            "gbps": self.gbps,
+            **attrs(self, "bytes", "seconds", "requests", "gbps"),
             "latency_s": self.latency.as_dict(),
         }
 
@@ -115,11 +114,16 @@ def pearson_r(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 def median_ratio_interval(
-    num: Sequence[float], den: Sequence[float], level: float = 0.9, draws: int = 4000
+    num: Sequence[float],
+    den: Sequence[float],
+    level: float = 0.9,
+    draws: int = 4000,
+    statistic=np.median,
 ) -> tuple[float, float] | None:
-    """A percentile-bootstrap interval of median(num) / median(den): each sample's rounds drawn
-    again with replacement, independently, ``draws`` times (a fixed seed: the same rounds give
-    the same interval). None with fewer than two rounds on either side.
+    """A percentile-bootstrap interval of median(num) / median(den) (or of another
+    ``statistic``, e.g. ``np.mean``): each sample's rounds drawn again with replacement,
+    independently, ``draws`` times (a fixed seed: the same rounds give the same interval). None
+    with fewer than two rounds on either side.
 
     A round-to-round spread larger than the effect looked for shows here as an interval wider
     than the gap between the ratio and its threshold."""
@@ -127,7 +131,7 @@ def median_ratio_interval(
     if a.size < 2 or b.size < 2 or not (b > 0).all():
         return None
     rng = np.random.default_rng(0)
-    ma = np.median(a[rng.integers(0, a.size, (draws, a.size))], axis=1)
-    mb = np.median(b[rng.integers(0, b.size, (draws, b.size))], axis=1)
+    ma = statistic(a[rng.integers(0, a.size, (draws, a.size))], axis=1)
+    mb = statistic(b[rng.integers(0, b.size, (draws, b.size))], axis=1)
     lo, hi = np.percentile(ma / mb, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)

@@ -9,6 +9,7 @@ from kvtier.codec import BlockMeta
 from kvtier.codec.container import DTYPES
 from kvtier.errors import ConfigError
 from kvtier.specs import MiB, ModelSpec, get_model
+from kvtier.specs.jsonout import attrs
 from kvtier.specs.model import dtype_bytes
 from kvtier.tiers import TierURL
 
@@ -147,18 +148,10 @@ class StorageBenchConfig:
         """Plain JSON-ready dict."""
         return {
             "tiers": list(self.tiers),
-            "model": self.model,
-            "chunk_tokens": self.chunk_tokens,
-            "block_bytes": self.block_bytes,
-            "blocks": self.blocks,
+            **attrs(self, "model", "chunk_tokens", "block_bytes", "blocks"),
             "data_bytes": self.blocks * self.block_bytes,
             "depths": list(self.depths),
-            "batch": self.batch,
-            "drive": self.drive,
-            "min_read_seconds": self.min_read_seconds,
-            "repeats": self.repeats,
-            "slices": self.slices,
-            "fio": self.fio,
+            **attrs(self, "batch", "drive", "min_read_seconds", "repeats", "slices", "fio"),
             "lookup_chunks": self.lookup_chunks if self.lookup else 0,
             "payload": self.payload,
             "reference": self.reference,

@@ -1,5 +1,6 @@
 """What ``--json`` prints must be strict JSON: infinities and NaNs (an unlimited tier, a ratio
-over nothing) become ``null``."""
+over nothing) become ``null``; a report's fields that keep an object's own names are read off
+it by name."""
 
 from __future__ import annotations
 
@@ -19,4 +20,10 @@ def finite(value: Any) -> Any:
     return value
 
 
-__all__ = ["finite"]
+def attrs(obj: object, *names: str) -> dict[str, Any]:
+    """``obj``'s attributes ``names``, each under its own name, in the order given: the part of
+    a JSON report that says what an object holds without renaming it."""
+    return {name: getattr(obj, name) for name in names}
+
+
+__all__ = ["attrs", "finite"]

@@ -866,6 +866,7 @@ def test_the_ceilings_pool_holds_every_token_of_the_run_and_tp_reaches_every_eng
 def _timed(system: str, c: int, mean_ms: float, duration_s: float) -> RunResult:
     raw = json.loads(PREFIX_FILE.read_text())
     raw.update(median_ttft_ms=mean_ms, mean_ttft_ms=mean_ms, duration=duration_s)
+    raw["ttfts"] = [mean_ms / 1e3 * (0.95 + 0.1 * i / 9) for i in range(10)]  # ±5 % spread
     result = ClientResult.from_dict(raw)
     return RunResult(system, "prefix_repetition", c, 0, 0, result, CacheCounters(), 1.0, "f")
 
@@ -878,7 +879,7 @@ def test_every_report_gives_the_share_of_the_gain_or_says_there_is_none():
         _timed("ceiling", 1, 1000.0, 50.0),
         _timed("kvtier", 1, 1400.0, 52.0),
         _timed("vllm", 4, 5000.0, 80.0),
-        _timed("ceiling", 4, 4950.0, 79.5),  # within noise: nothing to gain
+        _timed("ceiling", 4, 4950.0, 70.0),  # TTFT within noise: nothing to gain
         _timed("kvtier", 4, 5200.0, 80.5),
     ]
     assert r.share_of_gain("kvtier", 1, "mean") == pytest.approx(4600 / 5000)
@@ -896,3 +897,16 @@ def test_every_report_gives_the_share_of_the_gain_or_says_there_is_none():
     console.print(serve_table(r))
     text = console.export_text()
     assert "92 · 92" in text and "nothing to gain" in text
+
+
+def test_a_gain_within_the_requests_spread_is_nothing_to_gain():
+    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
+    r = ServeReport(config, [], [], {}, {}, 0.0)
+    alone, top = _timed("vllm", 1, 5000.0, 80.0), _timed("ceiling", 1, 4700.0, 78.0)
+    assert r.runs == [] and r.nothing_to_gain(1) is None  # no runs: not known
+    r.runs = [alone, top]
+    assert r.nothing_to_gain(1) is False  # 6 % faster, every request within ±5 %
+    wide = json.loads(PREFIX_FILE.read_text())
+    wide.update(mean_ttft_ms=4700.0, ttfts=[0.5, 9.0, 0.6, 8.0, 4.4, 5.7])
+    r.runs = [alone, replace(top, client=ClientResult.from_dict(wide))]
+    assert r.nothing_to_gain(1) is True  # the requests' spread covers the 6 %

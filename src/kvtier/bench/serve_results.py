@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kvtier.bench.serve_client import ClientResult
 from kvtier.bench.serve_config import (
     CEILING,
@@ -232,16 +234,19 @@ class ServeReport:
         return (ref - mine) / (ref - top)
 
     def nothing_to_gain(self, concurrency: int) -> bool | None:
-        """Whether the ceiling saves less than :data:`NOTHING_TO_GAIN` of vLLM alone's TTFT mean
-        and duration at ``concurrency``: a workload no tiering can speed up (None: not run)."""
-        saved = []
-        for metric in GAIN_TARGET_METRICS:
-            ref = self.figure(REFERENCE, concurrency, metric)
-            top = self.figure(CEILING, concurrency, metric)
-            if not ref or top is None:
-                return None
-            saved.append((ref - top) / ref)
-        return max(saved) < NOTHING_TO_GAIN
+        """Whether the ceiling's TTFT mean at ``concurrency`` is within noise of vLLM alone's:
+        under :data:`NOTHING_TO_GAIN` below it, or with a 90 % bootstrap interval over the
+        requests that reaches no gain. Such a workload no tiering can speed up (None: not
+        run)."""
+        ref, top = self.prefix_run(REFERENCE, concurrency), self.prefix_run(CEILING, concurrency)
+        if ref is None or top is None or not ref.client.completed or not top.client.completed:
+            return None
+        if not ref.client.ttft_mean_ms:
+            return None
+        if 1 - top.client.ttft_mean_ms / ref.client.ttft_mean_ms < NOTHING_TO_GAIN:
+            return True
+        interval = median_ratio_interval(top.client.ttfts_s, ref.client.ttfts_s, statistic=np.mean)
+        return interval is not None and interval[1] >= 1.0
 
     def _ceiling_target(self, concurrency: int) -> Target | None:
         """kvtier's share of the possible gain, or where there is none, kvtier against vLLM

@@ -18,6 +18,7 @@ from typing import Any
 from kvtier.engines.embedded import fingerprint_files
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
+from kvtier.specs.model import KVIdentity
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
@@ -47,6 +48,12 @@ class EngineGeometry:
     def chunk_bytes(self, chunk_tokens: int) -> int:
         """Bytes of one rank's part of a chunk of ``chunk_tokens`` tokens, every layer, K and V."""
         return self.layers * 2 * self.kv_heads * self.head_dim * self.itemsize * chunk_tokens
+
+    def identity(self, model_id: str, fingerprint: str) -> KVIdentity:
+        """This KV's identity as the model ``model_id`` with weights ``fingerprint`` has it."""
+        return KVIdentity(
+            model_id, fingerprint, self.dtype, self.layers, self.kv_heads, self.head_dim
+        )
 
 
 def model_fingerprint(folder: str | Path) -> str:
@@ -135,17 +142,10 @@ def engine_namespace(
     """The namespace of the KV this engine computes (every rank's: a rank's parts are keyed
     apart by :class:`~kvtier.engines.vllm.shards.Shards`)."""
     folder = str(vllm_config.model_config.model)
-    return Namespace(
-        model_id=model_id or Path(folder).name or folder,
-        fingerprint=fingerprint or model_fingerprint(folder),
-        kv_dtype=geometry.dtype,
-        layers=geometry.layers,
-        kv_heads=geometry.kv_heads,
-        head_dim=geometry.head_dim,
-        layout=geometry.layout,
-        tp_size=geometry.tp_size,
-        tenant=tenant,
+    identity = geometry.identity(
+        model_id or Path(folder).name or folder, fingerprint or model_fingerprint(folder)
     )
+    return Namespace.of(identity, layout=geometry.layout, tp_size=geometry.tp_size, tenant=tenant)
 
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from kvtier.cli.options import JsonOnStdout, Strict
+from kvtier.cli.options import ChunkTokens, JsonOnStdout, MeasuredTiers, Strict
 from kvtier.cli.values import int_list
 from kvtier.errors import ConfigError
 
@@ -31,14 +31,7 @@ def parse_depths(text: str) -> tuple[int, ...]:
 
 
 def storage(
-    tier: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--tier",
-            help="Tier URL to measure (repeatable), e.g. 'memory://?size=2GiB' or "
-            "'slab:///nvme/kvbench?size=4GiB'. Default: memory + a slab:// disk tier in --dir.",
-        ),
-    ] = None,
+    tier: MeasuredTiers = None,
     directory: Annotated[
         Path | None,
         typer.Option("--dir", help="Directory of the default disk tier [./.kvtier/bench]."),
@@ -46,7 +39,7 @@ def storage(
     model: Annotated[str, typer.Option(help="Model preset whose KV shapes the blocks.")] = (
         "smollm2-135m"
     ),
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per block (chunk).")] = 256,
+    chunk_tokens: ChunkTokens = 256,
     block_size: Annotated[
         str | None, typer.Option(help="Block size override, e.g. 1MiB (instead of model × chunk).")
     ] = None,

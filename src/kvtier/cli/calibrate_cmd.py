@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from kvtier.cli.options import EmbeddedModel, ModelDtype
+from kvtier.cli.options import ChunkTokens, EmbeddedModel, MeasuredTiers, ModelDtype, TorchDevice
 from kvtier.cli.values import config_from, int_list
 
 DEFAULT_DIR = Path(".kvtier") / "calibrate"
@@ -35,16 +35,8 @@ def default_tier_urls(directory: Path, chunk_bytes: int, chunks: int) -> list[st
 def calibrate_command(
     model: EmbeddedModel = "embedded",
     dtype: ModelDtype = "bf16",
-    device: Annotated[
-        str | None, typer.Option(help="Torch device [cuda when available, else cpu].")
-    ] = None,
-    tier: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--tier",
-            help="Tier URL to measure (repeatable). Default: memory + a slab:// tier in --dir.",
-        ),
-    ] = None,
+    device: TorchDevice = None,
+    tier: MeasuredTiers = None,
     directory: Annotated[
         Path | None,
         typer.Option("--dir", help=f"Directory of the default disk tier [{DEFAULT_DIR}]."),
@@ -54,7 +46,7 @@ def calibrate_command(
         float, typer.Option(help="Seconds the prefill/decode measurements may take, about.")
     ] = 40.0,
     repeats: Annotated[int, typer.Option(help="Repeats per point (the fastest counts).")] = 2,
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per KV chunk (block).")] = 256,
+    chunk_tokens: ChunkTokens = 256,
     load_chunks: Annotated[
         str, typer.Option(help="Chunk counts loaded per tier, comma-separated.")
     ] = "1,2,4,8,16",

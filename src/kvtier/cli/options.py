@@ -77,6 +77,17 @@ TorchDevice = Annotated[
     str | None, typer.Option(help="Torch device (default: cuda when available, else cpu).")
 ]
 
+# The tiers ``kvtier bench storage`` and ``kvtier calibrate`` measure, and their chunks.
+MeasuredTiers = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tier",
+        help="Tier URL to measure (repeatable), e.g. 'memory://?size=2GiB' or "
+        "'slab:///nvme/kvbench?size=4GiB'. Default: memory + a slab:// disk tier in --dir.",
+    ),
+]
+ChunkTokens = Annotated[int, typer.Option(help="Tokens per KV chunk (block).")]
+
 # How the HF measuring commands (``kvtier run --engine hf``, ``kvtier bench ttft``) decide.
 CalibrationFile = Annotated[
     Path | None,
@@ -101,6 +112,7 @@ __all__ = [
     "DEFAULT_NVME",
     "DEFAULT_NVME_TYPE",
     "CalibrationFile",
+    "ChunkTokens",
     "CodecBandwidth",
     "CodecRatio",
     "DramSize",
@@ -116,6 +128,7 @@ __all__ = [
     "KvDtype",
     "LinkPreset",
     "Mbu",
+    "MeasuredTiers",
     "Mfu",
     "ModelDtype",
     "ModelPreset",

@@ -37,7 +37,9 @@ def codec(
     ] = 4,
     real: Annotated[bool, typer.Option(help="Measure the real-KV corpus (the model's KV).")] = True,
     repeat: Annotated[int, typer.Option(help="Passes per speed; the best one counts.")] = 2,
-    threads: Annotated[int | None, typer.Option(help="Threads for 'all cores' (default: every core).")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="Threads for 'all cores' (default: every core).")
+    ] = None,
     json_out: JsonOnStdout = False,
     plot: Annotated[Path | None, typer.Option(help="Save a PNG plot here.")] = None,
 ) -> None:

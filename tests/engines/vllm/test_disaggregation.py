@@ -1,10 +1,10 @@
-"""Prefill/decode disaggregation through shared tiers, with real vLLM engines in three processes.
+"""Prefill/decode disaggregation through shared tiers, real vLLM engines each in its own process.
 
 A producer (``kv_role: kv_producer``) prefills a prompt (one token), storing its KV through its
-host-memory tier into Valkey/Redis and S3, and answers how many chunks it stored in the
-response's ``kv_transfer_params``; then it computes the prompt again from vLLM's own prefix cache
-(the reference: the split a consumer loads at). Two consumers (``kv_consumer``), started beside
-it, each with another PYTHONHASHSEED and only one of the shared tiers, are handed those
+host-memory tier into Valkey/Redis, S3 and a Mooncake Store, and answers how many chunks it
+stored in the response's ``kv_transfer_params``; then it computes the prompt again from vLLM's own
+prefix cache (the reference: the split a consumer loads at). Three consumers (``kv_consumer``),
+started beside it, each with another PYTHONHASHSEED and one of the shared tiers, are handed those
 ``kv_transfer_params`` as a proxy would, wait until the chunks are visible, load them instead of
 recomputing, and generate the producer's greedy tokens. A consumer never stores: a prompt it
 computes twice is computed twice.
@@ -28,13 +28,14 @@ CHUNK = 256
 
 
 @pytest.fixture(scope="module")
-def fleet(redis_server, s3_server, text_tokens, tmp_path_factory):
+def fleet(redis_server, s3_server, mooncake_server, text_tokens, tmp_path_factory):
     work = tmp_path_factory.mktemp("pd")
     tag = uuid.uuid4().hex[:8]
     P, D = text_tokens[0:1100], text_tokens[5000:5600]
     shm = [Path(f"/dev/shm/kvtier-pd-{tag}-{i}") for i in range(2)]
     redis = f"{redis_server.url}?prefix=pd-{tag}&timeout=5&name=redis"
     s3 = f"s3://kvtier-tests/pd-{tag}?endpoint={s3_server.endpoint}&create=1&name=s3&timeout=10"
+    mooncake = f"{mooncake_server.url}&prefix=pd-{tag}&timeout=5&name=mooncake"
     ready = work / "prefilled"
     handed = {"kvtier_chunks": len(P) // CHUNK}  # what the proxy passes on (checked below)
 
@@ -62,7 +63,7 @@ def fleet(redis_server, s3_server, text_tokens, tmp_path_factory):
             engine(
                 "producer",
                 "kv_producer",
-                [f"slab://{shm[0]}?size=96MiB", redis, s3],
+                [f"slab://{shm[0]}?size=96MiB", redis, s3, mooncake],
                 [
                     {"prompts": [P], "max_tokens": 1},
                     {"signal": str(ready)},
@@ -78,6 +79,7 @@ def fleet(redis_server, s3_server, text_tokens, tmp_path_factory):
                 2,
             ),
             engine("via_s3", "kv_consumer", [s3], [decode], 3),
+            engine("via_mooncake", "kv_consumer", [mooncake], [decode], 4),
         ]
         outs = {p.out_path.stem.removesuffix(".out"): p.result(900) for p in probes}
     finally:
@@ -100,7 +102,9 @@ def test_the_producer_computes_stores_and_says_how_many_chunks(fleet):
     assert all(r["loaded_tokens"] == 0 for r in fleet["records"]["producer"])  # never loads
 
 
-@pytest.mark.parametrize("consumer, tier", [("via_redis", "redis"), ("via_s3", "s3")])
+@pytest.mark.parametrize(
+    "consumer, tier", [("via_redis", "redis"), ("via_s3", "s3"), ("via_mooncake", "mooncake")]
+)
 def test_a_consumer_loads_the_prefilled_prompt_and_gives_a_single_engines_tokens(
     fleet, consumer, tier
 ):

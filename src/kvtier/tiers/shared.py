@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, unpack_into
 from kvtier.codec.container import RAW_META
@@ -32,20 +32,26 @@ from kvtier.tiers.url import CODEC_CHOICES, UrlOptions, opt
 
 log = logging.getLogger("kvtier.tiers")
 
-#: The default bound of one operation, in seconds.
+#: The default bound of one operation, in seconds (a store on the local network).
 DEFAULT_TIMEOUT_S = 0.1
+
+
+def timeout_option(default: float) -> Any:
+    """The ``timeout=`` option with a default that fits the store's real latency."""
+    return opt(
+        "seconds",
+        default,
+        min=0.001,
+        help="seconds an operation may take, retries included, before it fails (the tier is "
+        "then skipped a while)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SharedOptions(UrlOptions):
     """Options every shared tier has: the operation bound, a TTL, the key prefix, optional, name."""
 
-    timeout: float = opt(
-        "seconds",
-        DEFAULT_TIMEOUT_S,
-        min=0.001,
-        help="seconds an operation may take before it fails (the tier is then skipped a while)",
-    )
+    timeout: float = timeout_option(DEFAULT_TIMEOUT_S)
     ttl: float = opt("seconds", 0.0, help="seconds a stored block lives (0: as long as kept)")
     prefix: str = opt("str", "kvtier", help="the first part of every object's name")
     optional: bool = opt(
@@ -230,4 +236,5 @@ __all__ = [
     "key_of",
     "object_name",
     "open_or_degrade",
+    "timeout_option",
 ]

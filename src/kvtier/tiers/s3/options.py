@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtier.tiers.shared import SharedOptions
+from kvtier.tiers.shared import SharedOptions, timeout_option
 from kvtier.tiers.url import opt
 
 #: The default bound of one S3 operation, in seconds: object stores' first writes and tails.
@@ -21,12 +21,7 @@ S3_TIMEOUT_S = 2.0
 class S3Options(SharedOptions):
     """What an ``s3://`` URL sets besides its bucket and prefix."""
 
-    timeout: float = opt(
-        "seconds",
-        S3_TIMEOUT_S,
-        min=0.001,
-        help="seconds an operation may take, retries included (the tier is then skipped a while)",
-    )
+    timeout: float = timeout_option(S3_TIMEOUT_S)
     retries: int = opt(
         "int",
         2,

@@ -123,7 +123,7 @@ def serve(
         typer.Option(
             "--preload-check/--no-preload-check",
             help="Run the preloading check (a queued workload from disk, preloading on and "
-            "off) [off; on with --target].",
+            "off) (default: off; on with --target).",
         ),
     ] = None,
     random_input_len: Annotated[int | None, _preset("random_input_len")] = None,
@@ -134,7 +134,7 @@ def serve(
     max_num_batched_tokens: Annotated[
         int | None,
         typer.Option(
-            help="vLLM's --max-num-batched-tokens, every system [vLLM's default]; vLLM's "
+            help="vLLM's --max-num-batched-tokens, every system (default: vLLM's); vLLM's "
             "ExampleConnector needs a whole prompt in one step.",
             show_default=False,
         ),
@@ -142,20 +142,22 @@ def serve(
     pool_blocks: Annotated[
         int | None,
         typer.Option(
-            help="vLLM's KV pool in 128-token blocks, every system [half the prefixes' blocks].",
+            help="vLLM's KV pool in 128-token blocks, every system (default: half the "
+            "prefixes' blocks).",
             show_default=False,
         ),
     ] = None,
     max_model_len: Annotated[
         int | None,
-        typer.Option(help="Engines' max model length [the longest request, rounded up]."),
+        typer.Option(help="Engines' max model length (default: the longest request, rounded up)."),
     ] = None,
     chunk_tokens: Annotated[int, typer.Option(help="Tokens per kvtier chunk.")] = 256,
     dram_size: Annotated[
-        str | None, typer.Option(help="kvtier's host-memory tier [one concurrency's KV × 1.25].")
+        str | None,
+        typer.Option(help="kvtier's host-memory tier (default: one concurrency's KV × 1.25)."),
     ] = None,
     disk_size: Annotated[
-        str | None, typer.Option(help="kvtier's disk tier [twice what the run stores].")
+        str | None, typer.Option(help="kvtier's disk tier (default: twice what the run stores).")
     ] = None,
     directory: Annotated[
         Path,

@@ -33,6 +33,8 @@ RESUME_S = 5.0
 def _url(server, kind: str) -> str:
     if kind == "redis":
         return f"{server.url}?timeout=0.3&name=shared"
+    if kind == "mooncake":
+        return f"{server.url}&timeout=0.3&name=shared"
     return f"s3://kvtier-outage?endpoint={server.endpoint}&create=1&timeout=0.5&name=shared"
 
 
@@ -74,7 +76,15 @@ def _warm(cache: TieredCache, probe, requests: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "sig"), [("redis", "kill"), ("redis", "stop"), ("s3", "kill"), ("s3", "stop")]
+    ("kind", "sig"),
+    [
+        ("redis", "kill"),
+        ("redis", "stop"),
+        ("s3", "kill"),
+        ("s3", "stop"),
+        ("mooncake", "kill"),
+        ("mooncake", "stop"),
+    ],
 )
 def test_workload_survives_a_dead_or_hung_server(spawn_server, monkeypatch, kind, sig):
     server = spawn_server(kind)

@@ -36,3 +36,31 @@ def test_the_alias_carries_its_flags_and_help():
     assert "--model" in result.output and "-m" in result.output
     assert "Preset name or path of a HF config.json." in result.output
     assert "Prefill FLOP utilisation." in result.output
+
+
+def _commands(group, path=()):
+    """Every command of the kvtier app (lazily loaded groups too), with its name path."""
+    ctx = group.context_class(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if hasattr(command, "list_commands"):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_no_help_text_loses_words_to_rich_markup():
+    """rich reads ``[word]`` in a help text as markup and drops it: every option's help must
+    print as written (defaults go in parentheses)."""
+    import typer.main
+    from rich.text import Text
+
+    from kvtier.cli.main import cli
+
+    lost = []
+    for path, command in _commands(typer.main.get_command(cli)):
+        for param in command.params:
+            help_text = getattr(param, "help", None) or ""
+            if Text.from_markup(help_text).plain != help_text:
+                lost.append(f"kvtier {' '.join(path)} {param.opts[0]}: {help_text!r}")
+    assert not lost, "\n".join(lost)

@@ -22,6 +22,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -613,8 +614,8 @@ def restart(service: Service) -> Service:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``start DIR``: a Redis and an S3 server, their URLs and PIDs as shell lines, PIDs kept in
-    DIR/pids; ``stop DIR``: end them by those PIDs."""
+    """``start DIR``: a Redis server, an S3 server and a Mooncake Store, their URLs as shell
+    lines, PIDs kept in DIR/pids; ``stop DIR``: end them by those PIDs."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in ("start", "stop"):
         print("usage: python -m kvtier.testing.services start|stop DIR", file=sys.stderr)
@@ -629,15 +630,20 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(int(pid), signal.SIGTERM)
         pids.unlink()
         return 0
+    started: list[Service] = []
     try:
-        redis = start_redis(root / "redis")
-        s3 = start_s3(root / "s3")
+        for start, name in ((start_redis, "redis"), (start_s3, "s3"), (start_mooncake, "mooncake")):
+            started.append(start(root / name))
     except ServiceError as exc:
+        for service in started:
+            service.stop()
         print(f"kvtier services: {exc}", file=sys.stderr)
         return 1
-    pids.write_text(" ".join(str(p) for p in redis.pids + s3.pids))
+    redis, s3, mooncake = started
+    pids.write_text(" ".join(str(p) for service in started for p in service.pids))
     print(f"KVTIER_REDIS_URL={redis.url}")
     print(f"KVTIER_S3_ENDPOINT={s3.endpoint}")
+    print(f"KVTIER_MOONCAKE_URL={shlex.quote(mooncake.url)}")
     for k, v in s3.env.items():
         print(f"{k}={v}")
     return 0

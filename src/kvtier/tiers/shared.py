@@ -221,6 +221,23 @@ class BoundedCalls:
         self._pool.shutdown(wait=True)
 
 
+def byte_windows(
+    sizes: Sequence[int], window: int, most: int | None = None
+) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive items whose sizes add up to at most ``window``
+    (at least one item each), and of at most ``most`` items when given."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and (total + size > window or (most is not None and i - start >= most)):
+            runs.append((start, i))
+            start, total = i, 0
+        total += size
+    if sizes:
+        runs.append((start, len(sizes)))
+    return runs
+
+
 def batches(items: Sequence, size: int) -> list[Sequence]:
     """``items`` in runs of at most ``size``."""
     return [items[i : i + size] for i in range(0, len(items), size)]
@@ -232,6 +249,7 @@ __all__ = [
     "SharedOptions",
     "SharedTier",
     "batches",
+    "byte_windows",
     "decode",
     "key_of",
     "object_name",

@@ -1,5 +1,5 @@
-"""A compressed shared tier: Redis and S3 store KV-like blocks with the kv codec (their default),
-smaller than raw, and give back the same bytes; ``codec=raw`` stores them as they are."""
+"""A compressed shared tier: Redis, S3 and Mooncake store KV-like blocks with the kv codec (their
+default), smaller than raw, and give back the same bytes; ``codec=raw`` stores them as they are."""
 
 from __future__ import annotations
 
@@ -25,12 +25,15 @@ def _kv_block(seed: int) -> np.ndarray:
     return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).ravel()
 
 
-@pytest.fixture(params=["redis", "s3"])
+@pytest.fixture(params=["redis", "s3", "mooncake"])
 def shared_url(request, monkeypatch):
     prefix = "codec" + uuid.uuid4().hex[:8]
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
         return f"{server.url}?prefix={prefix}&timeout=1"
+    if request.param == "mooncake":
+        server = request.getfixturevalue("mooncake_server")
+        return f"{server.url}&prefix={prefix}&timeout=1"
     server = request.getfixturevalue("s3_server")
     for name, value in server.env.items():
         monkeypatch.setenv(name, value)

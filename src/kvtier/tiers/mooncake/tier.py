@@ -53,7 +53,14 @@ from kvtier.codec import BlockError, BlockHeader, BlockMeta, CorruptBlockError, 
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.mooncake.options import DEFAULT_ADMIN_PORT, DEFAULT_MASTER_PORT, MooncakeOptions
-from kvtier.tiers.shared import BoundedCalls, SharedTier, batches, key_of, open_or_degrade
+from kvtier.tiers.shared import (
+    BoundedCalls,
+    SharedTier,
+    batches,
+    byte_windows,
+    key_of,
+    open_or_degrade,
+)
 from kvtier.tiers.url import parse_options
 
 _THREADS = 8  # calls to the client in flight (the cache's threads, and a few overdue ones)
@@ -216,17 +223,7 @@ class MooncakeTier(SharedTier):
 
     def _runs(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
         """``[start, end)`` runs of at most ``batch`` blocks whose bytes fit half the buffer."""
-        budget = self.options.local_buffer_size // 2
-        runs: list[tuple[int, int]] = []
-        start, total = 0, 0
-        for i, size in enumerate(sizes):
-            if i > start and (i - start >= self.options.batch or total + size > budget):
-                runs.append((start, i))
-                start, total = i, 0
-            total += size
-        if sizes:
-            runs.append((start, len(sizes)))
-        return runs
+        return byte_windows(sizes, self.options.local_buffer_size // 2, self.options.batch)
 
     # --- batched verbs --------------------------------------------------------------------
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:

@@ -33,6 +33,7 @@ from kvtier.codec import (
     parse_header,
 )
 from kvtier.codec.container import CorruptBlockError, verify_parts
+from kvtier.tiers.shared import byte_windows
 
 _SCRATCH = 64 * 1024
 _MAX_LINE = 64
@@ -143,21 +144,6 @@ def read_values(
         ) from None
     except OSError as exc:
         raise RedisConnectionError(f"Error reading from the Redis server: {exc}") from None
-
-
-def byte_windows(sizes: Sequence[int], window: int) -> list[tuple[int, int]]:
-    """``[start, end)`` runs of consecutive items whose sizes add up to at most ``window``
-    (at least one item each)."""
-    runs: list[tuple[int, int]] = []
-    start, total = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > window:
-            runs.append((start, i))
-            start, total = i, 0
-        total += size
-    if sizes:
-        runs.append((start, len(sizes)))
-    return runs
 
 
 def _one(wire: _Wire, key: bytes, out, namespace: bytes, started: Callable[[], None] | None = None):

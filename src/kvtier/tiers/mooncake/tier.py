@@ -17,10 +17,10 @@ set up only once the master answers (Mooncake's setup holds the interpreter whil
 master that does not); a tier opened with ``optional=1`` while the master is away tries again
 every few seconds, and until then every verb raises, so the cache skips the tier a while.
 
-Mooncake leases an object to each reader for a while (``-default_kv_lease_ttl``, 10 s by
-default) and refuses to remove it meanwhile. A delete that meets a lease counts as done for this
-tier (the block is a miss here from then on) and the removal is tried again, about once a
-second, until the lease has run out; a put of the same key ends that. A restarted master has
+Mooncake leases an object to each reader, a lookup too, for a while (``-default_kv_lease_ttl``,
+10 s by default) and refuses to remove it meanwhile. A delete that meets a lease counts as done
+for this tier (the block is a miss here from then on) and the removal is tried again, about once
+a second, until the lease has run out; a put of the same key ends that. A restarted master has
 lost every object: those are misses.
 
 Listing (``iter_keys``, ``usage``) asks the master's HTTP admin server (``admin=``), which the
@@ -29,13 +29,18 @@ client library does not reach.
 vLLM's own ``MooncakeStoreConnector`` names its objects after vLLM's block hashes and stores
 vLLM's own layout; kvtier's objects are kvtier blocks under kvtier's names. The two share a
 store without reading each other's objects.
+
+Mooncake's client logs its set-up at INFO on stderr; ``MC_LOG_LEVEL=ERROR`` in the environment
+(read when the library loads) quiets it. The client's transfer engine listens on every
+interface (a handshake port and a data port, which reach its registered memory, unauthenticated),
+as every Mooncake client's does: Mooncake takes no address for them, so on a host others reach,
+a firewall keeps them in.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import os
 import socket
 import threading
 import time
@@ -44,8 +49,6 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from urllib.parse import urlsplit
-
-os.environ.setdefault("MC_LOG_LEVEL", "ERROR")  # Mooncake logs every step at INFO (read at load)
 
 from mooncake.store import BufferPool, MooncakeDistributedStore
 
@@ -400,7 +403,8 @@ class MooncakeTier(SharedTier):
     def _names(self) -> list[str]:
         """This namespace's object names the master holds (less those removed here)."""
         lines = self._admin("/get_all_keys").decode(errors="replace").splitlines()
-        pending = set(self._pending)
+        with self._lock:
+            pending = set(self._pending)
         return [n for n in lines if n.startswith(self._prefix) and n not in pending]
 
     def iter_keys(self) -> Iterator[bytes]:

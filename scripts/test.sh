@@ -3,5 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Every process of the suite binds loopback where a server or client would bind every interface
+# (Mooncake's transfer engine takes no address): the bind shim of kvtier.testing.loopback.
+shim=$(.venv/bin/python -m kvtier.testing.loopback .venv/loopback)
+export LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}"
 .venv/bin/ruff check src tests
 .venv/bin/python -m pytest --durations=25 "$@"

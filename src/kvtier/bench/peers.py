@@ -14,7 +14,8 @@ round (so drift on a shared machine falls on all alike):
 - ``prefix``: a 32k-token prompt of synthetic KV in the embedded model's geometry (its own
   context is 8k) the same way, plus the lookup that finds it.
 - ``throughput``: ``requests`` one-chunk prompts stored by 1, 4 and 16 threads at once (until a
-  lookup finds all), then retrieved the same way: chunks and bytes per second.
+  lookup finds all), then retrieved the same way: chunks and bytes per second, the median of
+  ``throughput_rounds`` rounds (such a pass is short, and a shared machine's speed drifts).
 
 Every retrieved chunk is compared with what was stored, byte for byte. A system that fails
 (a lost or wrong chunk, an error) is reported with one line and left out of later phases.
@@ -58,6 +59,17 @@ POOL = 8  # distinct synthetic chunks
 #: Ops whose latency each round records, per phase.
 LATENCY_OPS = ("store", "lookup", "retrieve", "retrieve_warm")
 StepCallback = Callable[[str], None]
+#: How the bench runs LMCache 0.5.6, said in every report that measures it.
+LMCACHE_NOTES = [
+    "slab:// writes with O_DIRECT and O_DSYNC (a stored chunk is on the device); LMCache's "
+    "local disk writes through the page cache without fsync (a stored chunk may be in memory "
+    "only), and its warm reads come from the page cache",
+    "LMCache 0.5.6 workarounds in the bench: its local disk's count of bytes held is set again "
+    "after removals (LocalDiskBackend.remove leaves it, and new puts are then dropped); its Redis "
+    "backend removes nothing (remove_sync raises NotImplementedError), so its server, which "
+    "holds only its objects, is flushed between rounds; its Redis connector is closed around a "
+    "hang in its own close",
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,8 @@ class PeersConfig:
     chunk_rounds: int = 12
     prefix_tokens: int = 32768
     prefix_rounds: int = 4
-    requests: int = 32
+    requests: int = 64
+    throughput_rounds: int = 3
     depths: tuple[int, ...] = (1, 4, 16)
     chunk_tokens: int = 256
     redis: dict[str, str] = field(default_factory=dict)  # "kvtier", "lmcache", "reference"
@@ -98,7 +111,7 @@ class PeersConfig:
                 f"--payload real is the embedded model's KV ({EMBEDDED}, 256-token chunks); "
                 "use --payload synthetic for another --model"
             )
-        for name in ("chunk_rounds", "prefix_rounds", "requests"):
+        for name in ("chunk_rounds", "prefix_rounds", "requests", "throughput_rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.prefix_tokens < self.chunk_tokens or self.prefix_tokens % self.chunk_tokens:
@@ -145,6 +158,7 @@ class PeersConfig:
             "prefix_tokens": self.prefix_tokens,
             "prefix_rounds": self.prefix_rounds,
             "requests": self.requests,
+            "throughput_rounds": self.throughput_rounds,
             "depths": list(self.depths),
             "chunk_tokens": self.chunk_tokens,
             "geometry": self.geometry.as_dict(),
@@ -164,6 +178,7 @@ class SystemResult:
     latency: dict[str, dict[str, LatencyStats]] = field(default_factory=dict)  # phase → op
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     throughput: list[dict] = field(default_factory=list)  # depth, op, chunks, bytes, seconds
+    passes: dict[tuple[int, str], list[float]] = field(default_factory=dict)  # seconds per pass
     bytes_per_token: float | None = None  # as stored, on the chunk phase's KV
     codec_bytes_per_token: dict[str, float] = field(default_factory=dict)  # kvtier: per codec
     chunks_checked: int = 0
@@ -175,11 +190,33 @@ class SystemResult:
         """Record one request's seconds."""
         self.samples.setdefault(phase, {}).setdefault(op, []).append(seconds)
 
-    def summarize(self) -> None:
-        """Latency stats from the samples (fio's come as stats already)."""
+    def add_pass(self, depth: int, op: str, seconds: float) -> None:
+        """Record one throughput pass's seconds."""
+        self.passes.setdefault((depth, op), []).append(seconds)
+
+    def summarize(self, chunks: int, chunk_bytes: int) -> None:
+        """Latency stats from the samples (fio's come as stats already); per depth and op, the
+        pass of median rate out of the rounds (every round's rate kept beside it)."""
         for phase, ops in self.samples.items():
             for op, values in ops.items():
                 self.latency.setdefault(phase, {})[op] = LatencyStats.from_samples(values)
+        nbytes = chunks * chunk_bytes
+        self.throughput = []
+        for (depth, op), seconds in self.passes.items():
+            ranked = sorted(seconds)
+            mid = ranked[len(ranked) // 2]  # the median (the slower middle one of an even count)
+            self.throughput.append(
+                {
+                    "depth": depth,
+                    "op": op,
+                    "chunks": chunks,
+                    "bytes": nbytes,
+                    "seconds": mid,
+                    "chunks_per_s": chunks / mid if mid > 0 else 0.0,
+                    "gbps": nbytes / mid / 1e9 if mid > 0 else 0.0,
+                    "rounds_gbps": [nbytes / x / 1e9 if x > 0 else 0.0 for x in seconds],
+                }
+            )
 
     def rate(self, depth: int, op: str) -> dict | None:
         """The throughput row of ``op`` at ``depth`` (None where not measured)."""
@@ -416,6 +453,7 @@ class PeersBench:
             )
         for name, make in makers:
             self._try_open(name, make)
+        self.report.notes += LMCACHE_NOTES
 
     def _open_mooncake(self) -> None:
         from kvtier.bench.peers_lmcache import PeerUnavailable
@@ -488,7 +526,7 @@ class PeersBench:
             if self.fio is not None:
                 self.fio.close()
         for result in self.results.values():
-            result.summarize()
+            result.summarize(cfg.requests, cfg.geometry.chunk_bytes)
         self.report.results = list(self.results.values())
         return self.report
 
@@ -642,15 +680,16 @@ class PeersBench:
         cfg, outs = self.config, self.request_outs
         assert self.maker is not None
         for k, depth in enumerate(cfg.depths):
-            for system in turned(self._live(), k):
-                prompts = [self.maker.chunk(i) for i in range(cfg.requests)]
-                self._guarded(
-                    system,
-                    f"throughput at depth {depth}",
-                    lambda s=system, p=prompts, d=depth: self._throughput(s, d, p, outs),
-                )
-            if self.fio is not None:
-                self._fio("throughput", lambda d=depth: self._fio_throughput(d))
+            for r in range(cfg.throughput_rounds):
+                for system in turned(self._live(), k + r):
+                    prompts = [self.maker.chunk(i) for i in range(cfg.requests)]
+                    self._guarded(
+                        system,
+                        f"throughput at depth {depth}",
+                        lambda s=system, p=prompts, d=depth: self._throughput(s, d, p, outs),
+                    )
+                if self.fio is not None:
+                    self._fio("throughput", lambda d=depth: self._fio_throughput(d))
             self.on_step(f"throughput at {depth} in flight")
 
     def _throughput(
@@ -664,7 +703,7 @@ class PeersBench:
             t0 = time.perf_counter()
             system.settle(prompts, cfg.timeout_s)
             seconds = stored.seconds + time.perf_counter() - t0
-            self._rate(result, depth, "store", len(prompts), seconds)
+            result.add_pass(depth, "store", seconds)
             reads = ("retrieve", "retrieve_warm") if system.page_cache else ("retrieve",)
             for op in reads:
                 if op == "retrieve":
@@ -677,25 +716,11 @@ class PeersBench:
                     got[idx[0]] = system.retrieve(prompts[idx[0]], outs[idx[0]])
 
                 passed = run_pass(plan, read)
-                self._rate(result, depth, op, len(prompts), passed.seconds)
+                result.add_pass(depth, op, passed.seconds)
                 for prompt, out, n in zip(prompts, outs, got, strict=True):
                     self._check(system, prompt, out, n)
         finally:
             system.forget(prompts)
-
-    def _rate(self, result: SystemResult, depth: int, op: str, chunks: int, seconds: float):
-        nbytes = chunks * self.config.geometry.chunk_bytes
-        result.throughput.append(
-            {
-                "depth": depth,
-                "op": op,
-                "chunks": chunks,
-                "bytes": nbytes,
-                "seconds": seconds,
-                "chunks_per_s": chunks / seconds if seconds > 0 else 0.0,
-                "gbps": nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-            }
-        )
 
     # --- fio ----------------------------------------------------------------------------------
     def _fio(self, what: str, work: Callable[[], None]) -> None:
@@ -720,7 +745,7 @@ class PeersBench:
     def _fio_throughput(self, depth: int) -> None:
         assert self.fio is not None
         for op, passed in self.fio.throughput(self.config.requests, depth).items():
-            self._rate(self.results["fio"], depth, op, self.config.requests, passed.seconds)
+            self.results["fio"].add_pass(depth, op, passed.seconds)
 
 
 def twin_url(url: str, codec: str, tag: str = "") -> str:

@@ -22,8 +22,17 @@ from kvtier.cli.options import JsonOnStdout, Strict
 from kvtier.specs import MiB
 
 #: Sizes of ``--quick``: a run of seconds that still visits every system and phase.
-QUICK = {"chunk_rounds": 2, "prefix_tokens": 1024, "prefix_rounds": 2, "requests": 4}
+QUICK = {
+    "chunk_rounds": 2,
+    "prefix_tokens": 1024,
+    "prefix_rounds": 2,
+    "requests": 4,
+    "throughput_rounds": 1,
+}
 QUICK_DEPTHS = "1,4"
+#: Mooncake Store's memory, in rooms of the largest phase, and how long a read leases an object.
+MOONCAKE_ROOMS = 5
+MOONCAKE_LEASE_MS = 2000
 #: Set in the command's second run, whose Mooncake clients bind to loopback through the shim.
 SHIM_ENV = "KVTIER_PEERS_LOOPBACK_SHIM"
 
@@ -54,7 +63,11 @@ def peers(
         int | None, typer.Option(help="Rounds of long-prefix store/retrieve [4; --quick: 2].")
     ] = None,
     requests: Annotated[
-        int | None, typer.Option(help="One-chunk requests per throughput pass [32; --quick: 4].")
+        int | None, typer.Option(help="One-chunk requests per throughput pass [64; --quick: 4].")
+    ] = None,
+    throughput_rounds: Annotated[
+        int | None,
+        typer.Option(help="Rounds of each throughput pass; the median counts [3; --quick: 1]."),
     ] = None,
     depth: Annotated[
         str | None, typer.Option(help="Requests in flight, comma-separated [1,4,16; --quick: 1,4].")
@@ -100,6 +113,7 @@ def peers(
         "prefix_tokens": prefix_tokens,
         "prefix_rounds": prefix_rounds,
         "requests": requests,
+        "throughput_rounds": throughput_rounds,
     }
     sizes = {k: v for k, v in given.items() if v is not None}
     if quick:
@@ -197,15 +211,18 @@ def _start_servers(
 
 
 def _start_mooncake(directory: Path, stack: contextlib.ExitStack, services, room: int):
-    """A Mooncake Store master and store process on loopback, lending enough memory for a
-    prefix of each Mooncake system and the objects leases keep a while; the address the
-    bench uses (None and why, where it cannot start)."""
+    """A Mooncake Store master and store process on loopback; the address the bench uses (None
+    and why, where it cannot start). The store lends room for several systems' prefixes at
+    once (objects a read leased stay until the lease ends; past 90 % full the master evicts),
+    and leases last ``MOONCAKE_LEASE_MS``, so what one system removed is gone before long."""
     from kvtier.bench.peers import MooncakeAddress
     from kvtier.tiers import TierURL
 
     try:
         server = services.start_mooncake(
-            directory / "servers" / "mooncake", segment=f"{-(-3 * room // MiB)}MB"
+            directory / "servers" / "mooncake",
+            segment=f"{-(-MOONCAKE_ROOMS * room // MiB)}MB",
+            lease_ms=MOONCAKE_LEASE_MS,
         )
     except services.ServiceError as exc:
         return None, f"Mooncake Store did not start ({str(exc).splitlines()[0]})"

@@ -6,6 +6,7 @@
     scripts/measurements.py run REPORT.json [REPORT.json …] --out docs/benchmarks/run.md
     scripts/measurements.py serve REPORT.json [REPORT.json …] --out docs/benchmarks/serve.md
     scripts/measurements.py fleet REPORT.json [REPORT.json …] --out docs/benchmarks/sim-fleet.md
+    scripts/measurements.py peers REPORT.json [REPORT.json …] --out docs/benchmarks/peers.md
     scripts/measurements.py ab --before B.json … --after A.json … --out A-B.md
 
 ``storage`` tabulates `kvtier bench storage` reports: kvtier ÷ reference per block size, tier,
@@ -57,7 +58,7 @@ class Report:
 
     path: Path
     doc: dict
-    kind: str  # storage, codec, run, serve, overhead, prefix-ttft, fleet
+    kind: str  # storage, codec, run, serve, overhead, prefix-ttft, fleet, reload, peers
     measured: str | None
     command: str | None
     cpu: str | None
@@ -83,6 +84,8 @@ def kind_of(doc: dict) -> str | None:
         return "fleet"
     if schema.startswith("kvtier.bench.reload"):
         return "reload"
+    if schema.startswith("kvtier.bench.peers"):
+        return "peers"
     return None
 
 
@@ -100,7 +103,7 @@ def sidecar(folder: Path) -> tuple[dict, ...]:
 
 def report_cpu(doc: dict, kind: str) -> str | None:
     """``2 × <CPU>`` as the report records it."""
-    if kind in ("storage", "serve", "reload"):
+    if kind in ("storage", "serve", "reload", "peers"):
         env = doc.get("environment", {})
         count, cpu = env.get("cpus"), env.get("cpu")
     elif kind == "run":
@@ -764,6 +767,154 @@ def render_reload(reports: list[Report]) -> list[str]:
     return [*out, ""]
 
 
+PEER_CLASSES = ("host memory", "local disk", "redis", "mooncake")
+PEER_SIDES = {"kvtier": 0, "peer": 1, "reference": 2}
+
+
+def peer_stat(system: dict, phase: str, op: str, field: str = "p50") -> float | None:
+    """One latency figure of a `kvtier bench peers` system (None where not measured)."""
+    stats = system["latency_s"].get(phase, {}).get(op)
+    return stats[field] if stats and stats.get("count") else None
+
+
+def peer_rate(system: dict, depth: int, op: str) -> str:
+    """GB/s of ``op`` at ``depth`` in flight, as a cell."""
+    row = next((t for t in system["throughput"] if t["depth"] == depth and t["op"] == op), None)
+    return "—" if row is None else f"{row['gbps']:.2f}"
+
+
+def peer_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:.2f}"
+
+
+def render_peers(reports: list[Report]) -> list[str]:
+    """The page of ``peers``: kvtier's tiers beside LMCache's backends and Mooncake Store's own
+    client on the same KV, with the raw floor of each medium, and the targets."""
+    out = [
+        "# kvtier beside LMCache and Mooncake Store",
+        "",
+        "`kvtier bench peers` stores, looks up and retrieves the same KV chunks through kvtier's "
+        "tiers (`memory://`, `slab://`, `redis://`, `mooncake://`: the product's path, chunk keys "
+        "from token ids, one `TieredCache`, each chunk copied out of the engine's KV as the vLLM "
+        "connector does, loads straight into the destination), LMCache's storage engine run as a "
+        "library (local CPU, local disk, Redis; the bench's own CPU connector copies chunk bytes "
+        "between the KV buffer and LMCache's memory objects) and Mooncake Store's own Python "
+        "client, next to the raw floor of each medium (a memcpy, fio, redis-py, Mooncake's "
+        "zero-copy get), in one run: each round visits every system, the order turning by one "
+        "each round. A store counts once a fresh lookup finds every chunk; every retrieved chunk "
+        "is compared byte for byte with what was stored. Cold reads drop the files' page cache "
+        "first (posix_fadvise); warm reads follow them. Each system has its own server (Redis) "
+        "or its own key prefix (Mooncake, one store process). Servers run on 127.0.0.1, started "
+        "and stopped by the bench.",
+        "",
+    ]
+    for r in reports:
+        doc, cfg = r.doc, r.doc["config"]
+        geo = cfg["geometry"]
+        systems = sorted(
+            doc["systems"],
+            key=lambda s: (
+                PEER_CLASSES.index(s["tier_class"]) if s["tier_class"] in PEER_CLASSES else 9,
+                PEER_SIDES.get(s["side"], 9),
+                s["name"],
+            ),
+        )
+        depths = cfg["depths"]
+        verdict = {True: "met", False: "missed", None: "—"}
+        out += [
+            f"## `{shown(r.path, PAGES)}`",
+            "",
+            f"{geo['model']} KV ({geo['layers']} layers, {geo['kv_heads']} KV heads, head dim "
+            f"{geo['head_dim']}, {geo['dtype']}: {geo['bytes_per_token']:,} B a token, "
+            f"{geo['chunk_bytes']:,} B a {geo['chunk_tokens']}-token chunk). One chunk: "
+            f"{cfg['payload']} KV, {cfg['chunk_rounds']} rounds. Long prefix: "
+            f"{cfg['prefix_tokens']:,} tokens of synthetic {geo['dtype']} KV in the same "
+            f"geometry, {cfg['prefix_rounds']} rounds. Throughput: {cfg['requests']} one-chunk "
+            f"requests at {', '.join(map(str, depths))} in flight. Versions: "
+            + (", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items()) or "—")
+            + ".",
+            "",
+            "### Targets",
+            "",
+            "| tier class | what | kvtier | peer | kvtier's | peer's | ratio | target | verdict |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+        ]
+        for t in doc["targets"]:
+            digits = 3 if "p50" in t["what"] else 2
+            out.append(
+                f"| {t['tier_class']} | {t['what']} | {t['kvtier']} | {t['peer']} | "
+                f"{t['kvtier_value']:.{digits}f} | {t['peer_value']:.{digits}f} | "
+                f"{t['ratio']:.2f}× | {t['bound'] or '—'} | {verdict[t['met']]} |"
+            )
+        out += [
+            "",
+            "### Latency",
+            "",
+            f"One chunk in ms; the {cfg['prefix_tokens']:,}-token prefix in s (its lookup in "
+            "ms). Retrieve: cold; warm: again, from the page cache (systems that read through "
+            "it).",
+            "",
+            "| tier class | system | chunk store p50 | p95 | chunk retrieve p50 | p95 | warm p50 "
+            "| prefix store p50 | p95 | lookup p50 | prefix retrieve p50 | p95 | warm p50 "
+            "| exact |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: | --- |",
+        ]
+        for s in systems:
+            if s["error"]:
+                out.append(f"| {s['tier_class']} | {s['name']} | failed: {s['error']} |")
+                continue
+            exact = {True: "yes", False: "NO", None: "—"}[s["exact"]]
+            out.append(
+                f"| {s['tier_class']} | {s['name']} | "
+                f"{peer_ms(peer_stat(s, 'chunk', 'store'))} | "
+                f"{peer_ms(peer_stat(s, 'chunk', 'store', 'p95'))} | "
+                f"{peer_ms(peer_stat(s, 'chunk', 'retrieve'))} | "
+                f"{peer_ms(peer_stat(s, 'chunk', 'retrieve', 'p95'))} | "
+                f"{peer_ms(peer_stat(s, 'chunk', 'retrieve_warm'))} | "
+                f"{seconds(peer_stat(s, 'prefix', 'store'))} | "
+                f"{seconds(peer_stat(s, 'prefix', 'store', 'p95'))} | "
+                f"{peer_ms(peer_stat(s, 'prefix', 'lookup'))} | "
+                f"{seconds(peer_stat(s, 'prefix', 'retrieve'))} | "
+                f"{seconds(peer_stat(s, 'prefix', 'retrieve', 'p95'))} | "
+                f"{seconds(peer_stat(s, 'prefix', 'retrieve_warm'))} | {exact} |"
+            )
+        out += [
+            "",
+            "### Throughput and bytes per token",
+            "",
+            "GB/s (decimal) of one-chunk requests: stores until a lookup finds them all, then "
+            "cold retrieves. Bytes per token: what the system holds for the one-chunk rounds' "
+            "KV (headers, metadata and values' own bytes included), and kvtier's with each codec.",
+            "",
+            "| tier class | system | "
+            + " | ".join(f"store ×{d}" for d in depths)
+            + " | "
+            + " | ".join(f"retrieve ×{d}" for d in depths)
+            + " | B/token | raw | kv |",
+            "| --- | --- | " + " | ".join("---:" for _ in range(2 * len(depths) + 3)) + " |",
+        ]
+        for s in systems:
+            if s["error"]:
+                continue
+            codecs = s.get("codec_bytes_per_token") or {}
+            held = [s["bytes_per_token"], codecs.get("raw"), codecs.get("kv")]
+            cells = [
+                *(peer_rate(s, d, "store") for d in depths),
+                *(peer_rate(s, d, "retrieve") for d in depths),
+                *("—" if v is None else f"{v:,.0f}" for v in held),
+            ]
+            out.append(f"| {s['tier_class']} | {s['name']} | " + " | ".join(cells) + " |")
+        out += ["", "### Systems", ""]
+        out += [f"- {s['name']}: {s['detail']}." for s in systems]
+        for name, why in doc.get("unavailable", {}).items():
+            out.append(f"- not available: {name}: {why}")
+        for note in doc.get("notes", []):
+            out.append(f"- {note}")
+        out.append("")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -782,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "fleet": ("kvtier simulate's routing × replicas sweeps", {"fleet"}, render_fleet),
         "reload": ("kvtier bench reload: restart and prefill/decode", {"reload"}, render_reload),
+        "peers": ("kvtier bench peers: beside LMCache and Mooncake Store", {"peers"}, render_peers),
     }
     for name, (text, _, _) in pages.items():
         one = sub.add_parser(name, help=text)

@@ -50,27 +50,33 @@ def peers(
         str | None,
         typer.Option(
             help="real: the embedded model's KV for one-chunk requests (computed once, kept); "
-            "synthetic: bf16 with per-channel scales [real; --quick: synthetic]."
+            "synthetic: bf16 with per-channel scales (default: real; --quick: synthetic)."
         ),
     ] = None,
     chunk_rounds: Annotated[
-        int | None, typer.Option(help="Rounds of one-chunk store/retrieve [12; --quick: 2].")
+        int | None,
+        typer.Option(help="Rounds of one-chunk store/retrieve (default: 12; --quick: 2)."),
     ] = None,
     prefix_tokens: Annotated[
-        int | None, typer.Option(help="Tokens of the long prefix [32768; --quick: 1024].")
+        int | None, typer.Option(help="Tokens of the long prefix (default: 32768; --quick: 1024).")
     ] = None,
     prefix_rounds: Annotated[
-        int | None, typer.Option(help="Rounds of long-prefix store/retrieve [4; --quick: 2].")
+        int | None,
+        typer.Option(help="Rounds of long-prefix store/retrieve (default: 4; --quick: 2)."),
     ] = None,
     requests: Annotated[
-        int | None, typer.Option(help="One-chunk requests per throughput pass [64; --quick: 4].")
+        int | None,
+        typer.Option(help="One-chunk requests per throughput pass (default: 64; --quick: 4)."),
     ] = None,
     throughput_rounds: Annotated[
         int | None,
-        typer.Option(help="Rounds of each throughput pass; the median counts [3; --quick: 1]."),
+        typer.Option(
+            help="Rounds of each throughput pass; the median counts (default: 3; --quick: 1)."
+        ),
     ] = None,
     depth: Annotated[
-        str | None, typer.Option(help="Requests in flight, comma-separated [1,4,16; --quick: 1,4].")
+        str | None,
+        typer.Option(help="Requests in flight, comma-separated (default: 1,4,16; --quick: 1,4)."),
     ] = None,
     quick: Annotated[
         bool,

@@ -846,6 +846,9 @@ def render_peers(reports: list[Report]) -> list[str]:
                 f"{t['kvtier_value']:.{digits}f} | {t['peer_value']:.{digits}f} | "
                 f"{t['ratio']:.2f}× | {t['bound'] or '—'} | {verdict[t['met']]} |"
             )
+        png = r.path.with_suffix(".png")
+        if png.exists():  # the report's --plot, kept beside it
+            out += ["", f"![{png.stem}]({shown(png, PAGES)})"]
         out += [
             "",
             "### Latency",

@@ -582,11 +582,15 @@ def serve_title(doc: dict) -> str:
 
 
 def ceiling_rows(doc: dict) -> list[str]:
-    """Each system's TTFT p50 against vLLM alone and its share of the ceiling's gain (a pool
-    that holds everything), where the report ran the ceiling."""
-    shares = doc.get("ttft_p50_share_of_possible_gain") or {}
+    """Each system's TTFT p50 and mean against vLLM alone and its share of the ceiling's gain
+    (a pool that holds everything) on TTFT p50, mean, p99 and the run's duration, where the
+    report ran the ceiling (older reports: the p50 share only)."""
+    p50_shares = doc.get("ttft_p50_share_of_possible_gain") or {}
+    shares = doc.get("share_of_possible_gain") or {"p50": p50_shares}
+    metrics = [m for m in ("p50", "mean", "p99", "duration") if m in shares]
+    nothing = doc.get("nothing_to_gain") or {}
     runs = {
-        (run["system"], run["concurrency"]): run["client"]["ttft_median_ms"]
+        (run["system"], run["concurrency"]): run["client"]
         for run in doc.get("runs", [])
         if run.get("dataset") != "random"
     }
@@ -597,22 +601,38 @@ def ceiling_rows(doc: dict) -> list[str]:
         for s in ("vllm", "ceiling", "kvtier", "kvtier-disk", "example")
         if any(k[0] == s for k in runs)
     ]
+    gainers = [s for s in systems if s not in ("vllm", "ceiling")]
     out = [
         "",
-        "TTFT p50 in ms; in brackets, the share of the ceiling's gain over vLLM alone "
-        "(`ceiling`: vLLM alone with a pool that holds every token of the run).",
+        "TTFT p50 / mean in ms per system; then each system's share of the ceiling's gain over "
+        f"vLLM alone, (alone − system) ÷ (alone − ceiling), on TTFT {', '.join(metrics)} "
+        "(`ceiling`: vLLM alone with a pool that holds every token of the run). "
+        "\"nothing\": the ceiling's TTFT mean is within noise of vLLM alone's, so there is no "
+        "gain to share.",
         "",
-        "| concurrency | " + " | ".join(systems) + " |",
-        "| ---: |" + " ---: |" * len(systems),
+        "| concurrency | "
+        + " | ".join(f"{s} p50 / mean" for s in systems)
+        + "".join(f" | {s}: share ({' · '.join(metrics)})" for s in gainers)
+        + " |",
+        "| ---: |" + " ---: |" * (len(systems) + len(gainers)),
     ]
     for c in sorted({k[1] for k in runs}):
         cells = []
         for system in systems:
-            ms, share_ = runs.get((system, c)), (shares.get(str(c)) or {}).get(system)
-            cell = "—" if ms is None else f"{ms:,.0f}"
-            if ms is not None and share_ is not None and system not in ("vllm", "ceiling"):
-                cell += f" ({100 * share_:.0f} %)"
-            cells.append(cell)
+            client = runs.get((system, c))
+            if client is None:
+                cells.append("—")
+                continue
+            mean = client.get("ttft_mean_ms")
+            cells.append(
+                f"{client['ttft_median_ms']:,.0f}" + ("" if mean is None else f" / {mean:,.0f}")
+            )
+        for system in gainers:
+            if nothing.get(str(c)):
+                cells.append("nothing")
+                continue
+            got = [(shares[m].get(str(c)) or {}).get(system) for m in metrics]
+            cells.append(" · ".join("—" if g is None else f"{100 * g:.0f} %" for g in got))
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     return out
 

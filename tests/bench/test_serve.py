@@ -497,6 +497,10 @@ def test_report_renders_as_table_json_and_plot(tmp_path):
     assert data["random_throughput"] == {"vllm": 100.0, "kvtier": 98.0}
     assert data["random_ratio_interval_90"] == list(r.random_interval())
     assert len(data["runs"]) == 8 + 6 and data["config"]["pool_blocks_used"] == 32
+    assert "date" not in data
+    stamp = {"date": "2026-12-07", "command": "kvtier bench serve --sessions"}
+    stamped = json.loads(serve_json(r, stamp=stamp))
+    assert stamped["date"] == "2026-12-07" and stamped["command"].endswith("--sessions")
     png = serve_plot(r, tmp_path / "plots")
     assert png == tmp_path / "plots" / "bench-serve.png" and png.stat().st_size > 0
 

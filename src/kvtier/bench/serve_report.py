@@ -246,9 +246,9 @@ def serve_table(report: ServeReport) -> Group:
     return Group(*parts)
 
 
-def serve_json(report: ServeReport, detailed: bool = False) -> str:
-    """The report as indented JSON."""
-    return json.dumps(report.to_dict(detailed), indent=2)
+def serve_json(report: ServeReport, detailed: bool = False, stamp: dict | None = None) -> str:
+    """The report as indented JSON, with ``stamp`` (the day and command of the run) on top."""
+    return json.dumps({**report.to_dict(detailed), **(stamp or {})}, indent=2)
 
 
 def serve_plot(report: ServeReport, path: Path) -> Path:

@@ -181,6 +181,10 @@ def serve(
 ) -> None:
     """Each system on its own vLLM server (same KV pool), measured by vLLM's `bench serve`."""
     options = dict(locals())
+    import shlex
+    import sys
+    from datetime import UTC, datetime
+
     from rich.console import Console
 
     from kvtier.bench.serve import ServeBench
@@ -275,8 +279,15 @@ def serve(
 
         bench.on_step = step
         report = _run_stopping_on_sigterm(bench)
+    stamp = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "command": shlex.join(["kvtier", "bench", "serve", *sys.argv[3:]]),
+    }
     print_report(
-        json_out, lambda: serve_json(report), lambda out: out.print(serve_table(report)), 180
+        json_out,
+        lambda: serve_json(report, stamp=stamp),
+        lambda out: out.print(serve_table(report)),
+        180,
     )
     if plot is not None:
         saved = serve_plot(report, plot)

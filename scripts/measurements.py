@@ -566,16 +566,46 @@ def render_run(reports: list[Report]) -> list[str]:
     return out
 
 
+def workload_shape(prefix: dict) -> str:
+    """The reuse workload of a `kvtier bench serve` report, with its shape."""
+    trace = prefix.get("trace")
+    if trace:
+        reused = trace.get("reused_share")
+        return (
+            f"Mooncake trace, {trace['requests']} requests from line {trace['start']:,} "
+            f"({trace['block_tokens']} tokens a hash block, median input "
+            f"{trace.get('median_input', 0):,} tokens"
+            + ("" if reused is None else f", {100 * reused:.0f} % of blocks reused")
+            + ")"
+        )
+    if not prefix:
+        return "`prefix_repetition`"
+    if prefix.get("sessions"):
+        n, turns = prefix["num_prefixes"], prefix["prompts"] // max(1, prefix["num_prefixes"])
+        return (
+            f"Multi-turn sessions ({n} × {turns} turns, {prefix['prefix_tokens']:,}-token "
+            f"openings, {prefix['suffix_tokens']:,} tokens a turn)"
+        )
+    return (
+        f"`prefix_repetition` ({prefix['num_prefixes']} prefixes of "
+        f"{prefix['prefix_tokens']:,} tokens, {prefix['prompts']} prompts)"
+    )
+
+
 def serve_title(doc: dict) -> str:
     """What a `kvtier bench serve` report measured, in a few words."""
     cfg = doc.get("config", {})
     systems = cfg.get("systems") or sorted({run["system"] for run in doc.get("runs", [])})
-    sessions = (cfg.get("prefix") or {}).get("sessions")
-    workload = "Multi-turn sessions" if sessions else "`prefix_repetition`"
+    workload = workload_shape(cfg.get("prefix") or {})
     conc = ", ".join(str(c) for c in cfg.get("concurrency", []))
     title = f"{workload}: {', '.join(systems)} at concurrency {conc}"
     if (cfg.get("tensor_parallel") or 1) > 1:
         title += f", tensor-parallel {cfg['tensor_parallel']}"
+    if cfg.get("pool_blocks_used") and cfg.get("ceiling_pool_blocks"):
+        title += (
+            f"; pools of {cfg['pool_blocks_used']:,} blocks "
+            f"(ceiling {cfg['ceiling_pool_blocks']:,})"
+        )
     if cfg.get("random"):
         title += f"; the no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
     return title
@@ -634,6 +664,8 @@ def ceiling_rows(doc: dict) -> list[str]:
             got = [(shares[m].get(str(c)) or {}).get(system) for m in metrics]
             cells.append(" · ".join("—" if g is None else f"{100 * g:.0f} %" for g in got))
         out.append(f"| {c} | " + " | ".join(cells) + " |")
+    caveats = doc.get("config", {}).get("ceiling_caveats") or []
+    out += ["", *(f"Caveat: {c}." for c in caveats)] if caveats else []
     return out
 
 

@@ -914,3 +914,18 @@ def test_a_gain_within_the_requests_spread_is_nothing_to_gain():
     wide.update(mean_ttft_ms=4700.0, ttfts=[0.5, 9.0, 0.6, 8.0, 4.4, 5.7])
     r.runs = [alone, replace(top, client=ClientResult.from_dict(wide))]
     assert r.nothing_to_gain(1) is True  # the requests' spread covers the 6 %
+
+
+def test_the_report_says_where_the_ceiling_also_widens_the_batch():
+    prefix = PrefixWorkload(prefix_tokens=2048, suffix_tokens=64, num_prefixes=4, prompts=16)
+    per = -(-prefix.request_tokens // 128)  # blocks of the longest request
+    narrow = ServeBenchConfig(
+        systems=("vllm", "ceiling", "kvtier"), concurrency=(1, 8), prefix=prefix
+    )
+    (caveat,) = narrow.ceiling_caveats()
+    assert f"hold {narrow.pool() // per} of the longest" in caveat
+    assert f"--pool-blocks {8 * per}" in caveat
+    assert narrow.as_dict()["ceiling_caveats"] == [caveat]
+    wide = replace(narrow, pool_blocks=8 * per)
+    assert wide.ceiling_caveats() == []
+    assert replace(narrow, systems=("vllm", "kvtier")).ceiling_caveats() == []

@@ -31,3 +31,15 @@ def test_pearson_r_follows_paired_samples_and_needs_spread_on_both_sides():
     assert abs(pearson_r([1, 2, 3, 4], [1, -1, -1, 1])) < 1e-12
     assert pearson_r([5, 5, 5], [1, 2, 3]) is None
     assert pearson_r([1, 2, 3], [7, 7, 7]) is None
+
+
+def test_paired_requests_see_a_gain_their_spread_hides_unpaired():
+    rng = np.random.default_rng(5)
+    alone = rng.lognormal(0.0, 1.0, 32)  # requests of very different sizes
+    faster = alone * 0.85  # every request 15 % faster
+    unpaired = median_ratio_interval(faster, alone, statistic=np.mean)
+    paired = median_ratio_interval(faster, alone, statistic=np.mean, paired=True)
+    assert unpaired is not None and paired is not None
+    assert unpaired[1] >= 1.0 > paired[1] and paired[0] == pytest.approx(0.85)
+    with pytest.raises(ValueError, match="differ in size"):
+        median_ratio_interval([1.0, 2.0], [1.0, 2.0, 3.0], paired=True)

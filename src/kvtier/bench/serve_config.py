@@ -371,6 +371,24 @@ class ServeBenchConfig:
             gaps.append(f"concurrency lacks {','.join(map(str, missing))}")
         return gaps
 
+    def ceiling_caveats(self) -> list[str]:
+        """What the ceiling gains besides keeping KV (empty: nothing): where vLLM's pool cannot
+        hold the highest concurrency's running requests, the ceiling's larger pool also runs
+        more of them at once, which no tiering gives."""
+        if CEILING not in self.systems or not self.concurrency:
+            return []
+        most = max(self.concurrency)
+        per = -(-self.prefix.request_tokens // BLOCK_TOKENS)
+        fits = self.pool() // per
+        if fits >= most:
+            return []
+        return [
+            f"the pool's {self.pool()} blocks hold {fits} of the longest requests at once, "
+            f"fewer than concurrency {most}: there the ceiling's larger pool also runs more "
+            "requests at once, a gain no tiering gives (--pool-blocks "
+            f"{most * per} holds them)"
+        ]
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if self.prefix.trace is not None:
@@ -379,6 +397,7 @@ class ServeBenchConfig:
         out["shm_dir"] = str(self.shm_dir)
         out["pool_blocks_used"] = self.pool()
         out["ceiling_pool_blocks"] = self.ceiling_pool()
+        out["ceiling_caveats"] = self.ceiling_caveats()
         out["max_model_len_used"] = self.model_len()
         return out
 

@@ -239,6 +239,7 @@ def serve_table(report: ServeReport) -> Group:
                 f"{info.system}: started in {info.startup_s:.0f} s; cold {w.cold_tokens}-token "
                 f"prompt {w.cold_s:.2f} s ({w.prefill_tokens_per_s:,.0f} tok/s)"
             )
+    lines += [f"[yellow]ceiling[/]: {c}" for c in report.config.ceiling_caveats()]
     errors = {e for run in report.runs for e in run.client.errors}
     if errors:
         lines.append(f"[red]client errors[/]: {'; '.join(sorted(errors)[:3])}")

@@ -237,7 +237,8 @@ class ServeReport:
         """Whether the ceiling's TTFT mean at ``concurrency`` is within noise of vLLM alone's:
         under :data:`NOTHING_TO_GAIN` below it, or with a 90 % bootstrap interval over the
         requests that reaches no gain. Such a workload no tiering can speed up (None: not
-        run)."""
+        run). Both systems were sent the same requests in the same order (one dataset, one
+        seed), so the interval pairs them request by request."""
         ref, top = self.prefix_run(REFERENCE, concurrency), self.prefix_run(CEILING, concurrency)
         if ref is None or top is None or not ref.client.completed or not top.client.completed:
             return None
@@ -245,7 +246,8 @@ class ServeReport:
             return None
         if 1 - top.client.ttft_mean_ms / ref.client.ttft_mean_ms < NOTHING_TO_GAIN:
             return True
-        interval = median_ratio_interval(top.client.ttfts_s, ref.client.ttfts_s, statistic=np.mean)
+        a, b = top.client.ttfts_s, ref.client.ttfts_s
+        interval = median_ratio_interval(a, b, statistic=np.mean, paired=len(a) == len(b))
         return interval is not None and interval[1] >= 1.0
 
     def _ceiling_target(self, concurrency: int) -> Target | None:

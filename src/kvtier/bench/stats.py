@@ -119,19 +119,25 @@ def median_ratio_interval(
     level: float = 0.9,
     draws: int = 4000,
     statistic=np.median,
+    paired: bool = False,
 ) -> tuple[float, float] | None:
     """A percentile-bootstrap interval of median(num) / median(den) (or of another
     ``statistic``, e.g. ``np.mean``): each sample's rounds drawn again with replacement,
     independently, ``draws`` times (a fixed seed: the same rounds give the same interval). None
-    with fewer than two rounds on either side.
+    with fewer than two rounds on either side. ``paired``: ``num[i]`` and ``den[i]`` measure
+    the same thing (the same request sent to two systems), so both are drawn with the same
+    indices and what the two share does not widen the interval.
 
     A round-to-round spread larger than the effect looked for shows here as an interval wider
     than the gap between the ratio and its threshold."""
     a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
     if a.size < 2 or b.size < 2 or not (b > 0).all():
         return None
+    if paired and a.size != b.size:
+        raise ValueError(f"paired samples differ in size: {a.size} and {b.size}")
     rng = np.random.default_rng(0)
-    ma = statistic(a[rng.integers(0, a.size, (draws, a.size))], axis=1)
-    mb = statistic(b[rng.integers(0, b.size, (draws, b.size))], axis=1)
+    picks = rng.integers(0, a.size, (draws, a.size))
+    ma = statistic(a[picks], axis=1)
+    mb = statistic(b[picks if paired else rng.integers(0, b.size, (draws, b.size))], axis=1)
     lo, hi = np.percentile(ma / mb, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)

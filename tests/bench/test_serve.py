@@ -929,3 +929,21 @@ def test_the_report_says_where_the_ceiling_also_widens_the_batch():
     wide = replace(narrow, pool_blocks=8 * per)
     assert wide.ceiling_caveats() == []
     assert replace(narrow, systems=("vllm", "kvtier")).ceiling_caveats() == []
+
+
+def test_a_ceiling_that_kept_no_more_kv_leaves_nothing_to_gain_whatever_its_ttft():
+    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
+    r = ServeReport(config, [], [], {}, {}, 0.0)
+    alone, top = _timed("vllm", 1, 5000.0, 80.0), _timed("ceiling", 1, 4500.0, 72.0)
+    r.runs = [alone, top]
+    assert r.nothing_to_gain(1) is False  # 10 % faster, no counters: a gain
+    hits = CacheCounters(prompt_tokens=100_000.0, local_hits=50_000.0)
+    same = replace(hits, local_hits=51_000.0)  # 1 % of the prompts more: the machine drifted
+    r.runs = [replace(alone, cache=hits), replace(top, cache=same)]
+    assert r.nothing_to_gain(1) is True
+    more = replace(hits, local_hits=60_000.0)  # the ceiling kept what vLLM alone lost
+    r.runs = [replace(alone, cache=hits), replace(top, cache=more)]
+    assert r.nothing_to_gain(1) is False
+    preempted = replace(hits, preemptions=3.0)  # vLLM alone recomputed preempted requests
+    r.runs = [replace(alone, cache=preempted), replace(top, cache=same)]
+    assert r.nothing_to_gain(1) is False

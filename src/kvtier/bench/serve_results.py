@@ -234,16 +234,25 @@ class ServeReport:
         return (ref - mine) / (ref - top)
 
     def nothing_to_gain(self, concurrency: int) -> bool | None:
-        """Whether the ceiling's TTFT mean at ``concurrency`` is within noise of vLLM alone's:
-        under :data:`NOTHING_TO_GAIN` below it, or with a 90 % bootstrap interval over the
-        requests that reaches no gain. Such a workload no tiering can speed up (None: not
-        run). Both systems were sent the same requests in the same order (one dataset, one
-        seed), so the interval pairs them request by request."""
+        """Whether the workload leaves a tiering nothing to gain at ``concurrency`` (None: not
+        run). It does when the ceiling kept no more KV than vLLM alone did — its prefix cache
+        hit fewer than :data:`NOTHING_TO_GAIN` of the prompt tokens more, with no fewer
+        preemptions (the engines' own counters: what a tiering could have given back) — or
+        when the ceiling's TTFT mean is within noise of vLLM alone's: under
+        :data:`NOTHING_TO_GAIN` below it, or with a 90 % bootstrap interval over the requests
+        that reaches no gain. Both systems were sent the same requests in the same order (one
+        dataset, one seed), so the interval pairs them request by request; the counters also
+        see through a machine whose speed drifts between the two systems' runs."""
         ref, top = self.prefix_run(REFERENCE, concurrency), self.prefix_run(CEILING, concurrency)
         if ref is None or top is None or not ref.client.completed or not top.client.completed:
             return None
         if not ref.client.ttft_mean_ms:
             return None
+        kept = top.cache.local_hits - ref.cache.local_hits
+        prompts = max(ref.cache.prompt_tokens, top.cache.prompt_tokens)
+        no_more_kept = prompts > 0 and kept < NOTHING_TO_GAIN * prompts
+        if no_more_kept and top.cache.preemptions >= ref.cache.preemptions:
+            return True
         if 1 - top.client.ttft_mean_ms / ref.client.ttft_mean_ms < NOTHING_TO_GAIN:
             return True
         a, b = top.client.ttfts_s, ref.client.ttfts_s

@@ -90,6 +90,8 @@ def test_a_peer_that_is_not_installed_is_one_line_and_the_rest_runs(monkeypatch,
     from kvtier.cli.main import app
     from kvtier.testing.cli import run_cli
 
+    for name in [n for n in sys.modules if n.split(".")[0] in ("lmcache", "mooncake")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by earlier tests: forgotten
     monkeypatch.setitem(sys.modules, "lmcache", None)  # an import of it fails, as uninstalled
     monkeypatch.setitem(sys.modules, "mooncake", None)
     args = ["bench", "peers", "--quick", "--no-redis", "--no-fio", "--dir", str(tmp_path)]
@@ -100,3 +102,19 @@ def test_a_peer_that_is_not_installed_is_one_line_and_the_rest_runs(monkeypatch,
     assert any("LMCache" in x and "requirements/peers.txt" in x for x in lines)
     assert any("Mooncake" in x and "mooncake-transfer-engine" in x for x in lines)
     assert "kvtier memory://" in out and "memcpy" in out and "kvtier slab://" in out
+
+
+def test_the_loopback_rerun_gives_the_command_its_own_options_again():
+    from typer.main import get_command
+
+    from kvtier.cli.bench_peers_cmd import command_line
+    from kvtier.cli.main import cli
+
+    peers = get_command(cli).commands["bench"].commands["peers"]  # type: ignore[attr-defined]
+    given = ["--quick", "--no-fio", "--depth", "1,4", "--seed", "3", "--dir", "/tmp/x", "--json"]
+    ctx = peers.make_context("peers", list(given))
+    again = command_line(ctx)
+    assert "--no-fio" in again and "--quick" in again and "--json" in again
+    assert again[again.index("--depth") + 1] == "1,4" and again[again.index("--seed") + 1] == "3"
+    assert "--payload" not in again  # unset: the child takes the same default
+    assert peers.make_context("peers", again).params == ctx.params

@@ -35,9 +35,12 @@ MOONCAKE_ROOMS = 5
 MOONCAKE_LEASE_MS = 2000
 #: Set in the command's second run, whose Mooncake clients bind to loopback through the shim.
 SHIM_ENV = "KVTIER_PEERS_LOOPBACK_SHIM"
+#: The command as its user gave it, for the report of that second run.
+COMMAND_ENV = "KVTIER_PEERS_COMMAND"
 
 
 def peers(
+    ctx: typer.Context,
     directory: Annotated[
         Path,
         typer.Option("--dir", help="Where the disk tiers, fio's files and the servers' data go."),
@@ -98,7 +101,6 @@ def peers(
     strict: Strict = False,
 ) -> None:
     """Store, look up and retrieve the same KV through kvtier, LMCache and Mooncake Store."""
-    import shlex
     from dataclasses import replace
     from datetime import UTC, datetime
 
@@ -157,7 +159,7 @@ def peers(
             unavailable["Mooncake Store"] = str(exc)
             mooncake = False
     if mooncake:
-        why = _preload_loopback(directory)
+        why = _preload_loopback(directory, ctx)
         if why:
             unavailable["Mooncake Store"] = f"its client cannot be kept on loopback: {why}"
             mooncake = False
@@ -178,7 +180,7 @@ def peers(
     data = {
         "schema": SCHEMA,
         "date": datetime.now(UTC).date().isoformat(),
-        "command": shlex.join(["kvtier", "bench", "peers", *sys.argv[3:]]),
+        "command": os.environ.get(COMMAND_ENV) or given_command(),
         **peers_dict(report),
         "environment": BenchEnvironment.probe(directory, fio_version()).as_dict(),
     }
@@ -239,14 +241,17 @@ def _start_mooncake(directory: Path, stack: contextlib.ExitStack, services, room
     return MooncakeAddress(parsed.netloc, metadata, url), ""
 
 
-def _preload_loopback(directory: Path) -> str:
+def _preload_loopback(directory: Path, ctx: typer.Context) -> str:
     """Mooncake's client binds its transfer engine's ports to every interface whatever it is
     told, in whichever process opens it (this one); so that nothing listens beyond loopback,
-    the command runs itself again with the bind shim of :mod:`kvtier.testing.loopback`
-    preloaded (once: the environment marks the second run). Returns why it could not ("" when
-    the shim is in place)."""
+    the command runs again in a child process with the bind shim of
+    :mod:`kvtier.testing.loopback` preloaded (once: the environment marks the child), and ends
+    with the child's exit status. Returns why it could not ("" when this process has the
+    shim)."""
     if os.environ.get(SHIM_ENV):
         return ""
+    import subprocess
+
     from kvtier.testing.loopback import ShimError, loopback_shim
 
     try:
@@ -257,12 +262,51 @@ def _preload_loopback(directory: Path) -> str:
     env = os.environ | {
         "LD_PRELOAD": f"{shim}:{preload}" if preload else str(shim),
         SHIM_ENV: str(shim),
+        COMMAND_ENV: given_command(),
     }
+    entry = "from kvtier.cli.entry import main; main()"
+    argv = [
+        sys.executable,
+        "-c",
+        entry,
+        "bench",
+        "peers",
+        *command_line(ctx),
+    ]
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-c", "from kvtier.cli.entry import main; main()", *sys.argv[1:]]
-    os.execve(sys.executable, argv, env)
-    return ""  # not reached
+    child = subprocess.Popen(argv, env=env)
+    # a SIGTERM to this process reaches the child, which stops its servers by PID
+    previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def given_command() -> str:
+    """``kvtier bench peers`` and the arguments this process was given, for the report."""
+    import shlex
+
+    return shlex.join(["kvtier", "bench", "peers", *sys.argv[3:]])
+
+
+def command_line(ctx) -> list[str]:
+    """The options ``ctx``'s command was given, as arguments that give them again (flags by
+    their on or off name, values as text, unset ones left out). Options are told by their
+    ``param_type_name``: typer brings its own copy of click's classes."""
+    out: list[str] = []
+    for param in ctx.command.params:
+        if getattr(param, "param_type_name", "") != "option" or param.name not in ctx.params:
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            names = param.opts if value else param.secondary_opts
+            out += names[:1]
+        elif value is not None:
+            out += [param.opts[0], str(value)]
+    return out
 
 
 def register_bench(bench: typer.Typer) -> None:

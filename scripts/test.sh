@@ -8,4 +8,12 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 shim=$(.venv/bin/python -m kvtier.testing.loopback .venv/loopback)
 export LD_PRELOAD="$shim${LD_PRELOAD:+:$LD_PRELOAD}"
 .venv/bin/ruff check src tests
-.venv/bin/python -m pytest --durations=25 "$@"
+# pytest writes the report when its session ends: a run that ended otherwise (a test that
+# replaced or killed the process) has none, and fails here whatever its exit status
+report=.venv/pytest-report.xml
+rm -f "$report"
+.venv/bin/python -m pytest --durations=25 --junitxml="$report" "$@"
+if [ ! -s "$report" ]; then
+    echo "error: pytest ended before its session did (no $report)" >&2
+    exit 1
+fi

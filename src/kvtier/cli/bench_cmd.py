@@ -22,6 +22,14 @@ from kvtier.errors import ConfigError
 HELP = "Measured benchmarks: storage tiers against fio / memcpy, codecs, end-to-end TTFT."
 
 
+def given_command(name: str) -> str:
+    """``kvtier bench NAME`` with the arguments this process was given, for a report."""
+    import shlex
+    import sys
+
+    return shlex.join(["kvtier", "bench", name, *sys.argv[3:]])
+
+
 def parse_depths(text: str) -> tuple[int, ...]:
     """``"1,4,16"`` → ``(1, 4, 16)``."""
     depths = int_list(text, f"cannot read depths {text!r}; write e.g. 1,4,16")

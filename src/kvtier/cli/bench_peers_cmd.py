@@ -111,7 +111,7 @@ def peers(
     from kvtier.bench.peers import PeersBench, PeersConfig, free_disk_bytes
     from kvtier.bench.peers_report import SCHEMA, peers_dict, peers_json, peers_plot, render
     from kvtier.bench.stats import GB
-    from kvtier.cli.bench_cmd import parse_depths
+    from kvtier.cli.bench_cmd import given_command, parse_depths
     from kvtier.cli.console import print_report, step_progress
     from kvtier.errors import ConfigError
     from kvtier.tiers.paths import usable_directory, writable_file
@@ -180,7 +180,7 @@ def peers(
     data = {
         "schema": SCHEMA,
         "date": datetime.now(UTC).date().isoformat(),
-        "command": os.environ.get(COMMAND_ENV) or given_command(),
+        "command": os.environ.get(COMMAND_ENV) or given_command("peers"),
         **peers_dict(report),
         "environment": BenchEnvironment.probe(directory, fio_version()).as_dict(),
     }
@@ -252,6 +252,7 @@ def _preload_loopback(directory: Path, ctx: typer.Context) -> str:
         return ""
     import subprocess
 
+    from kvtier.cli.bench_cmd import given_command
     from kvtier.testing.loopback import ShimError, loopback_shim
 
     try:
@@ -262,7 +263,7 @@ def _preload_loopback(directory: Path, ctx: typer.Context) -> str:
     env = os.environ | {
         "LD_PRELOAD": f"{shim}:{preload}" if preload else str(shim),
         SHIM_ENV: str(shim),
-        COMMAND_ENV: given_command(),
+        COMMAND_ENV: given_command("peers"),
     }
     entry = "from kvtier.cli.entry import main; main()"
     argv = [
@@ -283,13 +284,6 @@ def _preload_loopback(directory: Path, ctx: typer.Context) -> str:
     finally:
         signal.signal(signal.SIGTERM, previous)
     raise typer.Exit(code if code >= 0 else 128 - code)
-
-
-def given_command() -> str:
-    """``kvtier bench peers`` and the arguments this process was given, for the report."""
-    import shlex
-
-    return shlex.join(["kvtier", "bench", "peers", *sys.argv[3:]])
 
 
 def command_line(ctx) -> list[str]:

@@ -42,14 +42,13 @@ def reload(
     """TTFT of held prompts against recomputing them, on real vLLM engines with kvtier."""
     options = dict(locals())
     import json
-    import shlex
-    import sys
     from datetime import UTC, datetime
 
     from rich.console import Console
 
     from kvtier.bench.env import BenchEnvironment
     from kvtier.bench.reload import ReloadBench, ReloadConfig, render
+    from kvtier.cli.bench_cmd import given_command
     from kvtier.cli.console import print_report, step_progress
     from kvtier.cli.values import config_from
     from kvtier.engines.embedded import embedded_model_folder
@@ -71,7 +70,7 @@ def reload(
     data = {
         "schema": "kvtier.bench.reload/1",
         "date": datetime.now(UTC).date().isoformat(),
-        "command": shlex.join(["kvtier", "bench", "reload", *sys.argv[3:]]),
+        "command": given_command("reload"),
         **report.to_dict(),
         "environment": BenchEnvironment.probe(directory, None).as_dict(),
     }

@@ -181,8 +181,6 @@ def serve(
 ) -> None:
     """Each system on its own vLLM server (same KV pool), measured by vLLM's `bench serve`."""
     options = dict(locals())
-    import shlex
-    import sys
     from datetime import UTC, datetime
 
     from rich.console import Console
@@ -197,6 +195,7 @@ def serve(
     )
     from kvtier.bench.serve_report import serve_json, serve_plot, serve_table
     from kvtier.bench.serve_trace import TRACE_MODEL_LEN, TraceSlice
+    from kvtier.cli.bench_cmd import given_command
     from kvtier.cli.console import print_report, step_progress
     from kvtier.engines.vllm.compat import require_modules
     from kvtier.specs import parse_size
@@ -281,7 +280,7 @@ def serve(
         report = _run_stopping_on_sigterm(bench)
     stamp = {
         "date": datetime.now(UTC).date().isoformat(),
-        "command": shlex.join(["kvtier", "bench", "serve", *sys.argv[3:]]),
+        "command": given_command("serve"),
     }
     print_report(
         json_out,

@@ -44,6 +44,36 @@ NS_B = xxhash.xxh3_128_digest(b"kvtier-conformance-b")
 CORRUPTIONS = ("payload", "header", "truncate", "foreign", "swap")
 
 
+def corrupt_value(
+    how: str,
+    get: Callable[[str], bytes],
+    put: Callable[[str, bytes], None],
+    name: str,
+    foreign: str | None = None,
+    other: str | None = None,
+) -> None:
+    """Damage the value ``name`` of a key-value store the way ``how`` (one of
+    :data:`CORRUPTIONS`) says, through the store's own ``get`` and ``put``: ``foreign`` names
+    the value another namespace holds for the same key, ``other`` the value ``swap`` exchanges
+    it with."""
+    value = bytearray(get(name))
+    if how == "payload":
+        value[-1] ^= 0x01
+    elif how == "header":
+        value[1] ^= 0x10
+    elif how == "truncate":
+        value = value[: len(value) // 2]
+    elif how == "foreign":
+        assert foreign is not None
+        value = bytearray(get(foreign))
+    elif how == "swap":
+        assert other is not None
+        theirs = get(other)
+        put(other, bytes(value))
+        value = bytearray(theirs)
+    put(name, bytes(value))
+
+
 def _policy_names() -> list[str]:
     names: dict[type, str] = {}
     for name, cls in POLICIES.items():

@@ -18,7 +18,13 @@ import xxhash
 
 from kvtier.codec import BlockHeader
 from kvtier.errors import ConfigError, TierUnavailableError
-from kvtier.testing.tier_conformance import NS_A, TierConformance, check_payload, make_key
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    TierConformance,
+    check_payload,
+    corrupt_value,
+    make_key,
+)
 from kvtier.testing.tier_conformance import make_payload as payload
 from kvtier.tiers import open_tier
 from kvtier.tiers.mooncake.tier import MooncakeTier
@@ -48,22 +54,13 @@ class TestMooncakeTier(TierConformance):
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
         store = tier.client
-        name = tier.name_of(key)
-        value = bytearray(store.get(name))
-        if how == "payload":
-            value[-1] ^= 0x01
-        elif how == "header":
-            value[1] ^= 0x10
-        elif how == "truncate":
-            value = value[: len(value) // 2]
-        elif how == "foreign":
-            value = bytearray(store.get(other_tier.name_of(key)))
-        elif how == "swap":
-            other = tier.name_of(other_key)
-            theirs = store.get(other)
-            assert store.upsert(other, bytes(value)) == 0
-            value = bytearray(theirs)
-        assert store.upsert(name, bytes(value)) == 0
+
+        def put(name: str, value: bytes) -> None:
+            assert store.upsert(name, value) == 0
+
+        foreign = other_tier.name_of(key) if other_tier is not None else None
+        other = tier.name_of(other_key) if other_key is not None else None
+        corrupt_value(how, store.get, put, tier.name_of(key), foreign, other)
         return True
 
 

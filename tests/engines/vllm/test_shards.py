@@ -95,11 +95,11 @@ def test_three_ranks_store_and_load_their_own_parts_of_one_chunk(tmp_path):
         for side in ranks:
             step(side, KVTierMetadata(loads=[load]))
             assert side.take_errors() == set()
-            caches = side._caches
+            caches = side.engine._views
             for layer in caches:  # its own part: the blocks it stored itself
                 assert (layer[9] == layer[2]).all() and (layer[10] == layer[5]).all()
         # rank 0's and rank 1's own heads differ: each read its part, not another rank's
-        assert not (ranks[0]._caches[0][9] == ranks[1]._caches[0][9]).all()
+        assert not (ranks[0].engine._views[0][9] == ranks[1].engine._views[0][9]).all()
     finally:
         for side in ranks:
             side.close()

@@ -58,6 +58,8 @@ class ConnectorConfig:
     engines' stores to a shared tier are seen after at most this long; 0: look up every time).
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
+    ``staging_bytes``: on CUDA, the pinned host ring that chunks pass through between the tiers
+    and GPU memory (at least one chunk; a larger load goes through it in rounds).
     """
 
     tiers: tuple[str, ...] = ()
@@ -78,6 +80,7 @@ class ConnectorConfig:
     queue_chunks: int = 256
     load_workers: int = 1
     sync_host: bool = True
+    staging_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -103,6 +106,8 @@ class ConnectorConfig:
             raise ConfigError("preload_bytes, preload_wait_s and lookup_ttl_s cannot be negative")
         if self.producer_wait_s < 0:
             raise ConfigError("producer_wait_s cannot be negative")
+        if self.staging_bytes < 1:
+            raise ConfigError(f"staging_bytes must be positive, got {self.staging_bytes}")
         if self.queue_chunks < 1 or self.load_workers < 1:
             raise ConfigError("queue_chunks and load_workers must be at least 1")
         if self.records is not None:
@@ -160,7 +165,7 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
                 raise ValueError("a list of tier URLs")
             return tuple(value)
-        if name == "preload_bytes":
+        if name in ("preload_bytes", "staging_bytes"):
             return parse_size(value) if isinstance(value, str) else int(value)
         if name in ("chunk_tokens", "queue_chunks", "load_workers"):
             if isinstance(value, bool) or int(value) != value:

@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 )
 
 from kvtier.engines.vllm.config import ConnectorConfig  # noqa: E402
-from kvtier.engines.vllm.groups import KVGroups  # noqa: E402
+from kvtier.engines.vllm.groups import KVGroups, manager_block_views  # noqa: E402
 from kvtier.engines.vllm.identity import (  # noqa: E402
     engine_geometry,
     engine_namespace,
@@ -55,7 +55,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config
         kv_role = getattr(self._kv_transfer_config, "kv_role", None)
         self.kvtier_config = config = ConnectorConfig.from_extra(extra).for_role(kv_role)
-        geometry = engine_geometry(vllm_config)
+        geometry = engine_geometry(vllm_config, kv_cache_config)
         groups = KVGroups.of(kv_cache_config)
         namespace = engine_namespace(
             vllm_config, geometry, config.model_id, config.fingerprint, config.tenant
@@ -79,7 +79,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     # --- worker side -----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register_kv_caches(kv_caches)
+        self._worker.register_kv_caches(manager_block_views(kv_caches, self._kv_cache_config))
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         super().bind_connector_metadata(connector_metadata)

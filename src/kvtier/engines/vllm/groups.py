@@ -71,9 +71,24 @@ class KVGroups:
         return [where[n] for n in names]
 
 
+def manager_block_views(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
+    """Each layer's cache viewed with vLLM's (manager) blocks as dimension 0: where attention
+    kernels split a block into smaller kernel blocks, vLLM's ``group_kernel_blocks`` regroups
+    them (a view, no copy)."""
+    num_blocks = getattr(kv_cache_config, "num_blocks", None)
+    if not num_blocks:
+        return kv_caches
+    from vllm.v1.kv_cache_interface import group_kernel_blocks
+
+    return {
+        name: group_kernel_blocks(cache, num_blocks) if cache.shape[0] % num_blocks == 0 else cache
+        for name, cache in kv_caches.items()
+    }
+
+
 def usable(ids: Sequence[int]) -> bool:
     """Whether block ids hold KV (none of them vLLM's null block)."""
     return NULL_BLOCK not in ids
 
 
-__all__ = ["KINDS", "NULL_BLOCK", "KVGroups", "usable"]
+__all__ = ["KINDS", "NULL_BLOCK", "KVGroups", "manager_block_views", "usable"]

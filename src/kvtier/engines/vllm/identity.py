@@ -83,8 +83,33 @@ def attention_isa(dtype: Any, block_size: int, head_size: int, cache_dtype: str)
     return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
 
 
-def engine_geometry(vllm_config: Any) -> EngineGeometry:
-    """The KV geometry and block layout of the engine ``vllm_config`` describes."""
+def layout_name(vllm_config: Any, kv_cache_config: Any, isa: str, block_size: int) -> str:
+    """The name of the engine's KV block layout, which the namespace carries: on vLLM's CPU
+    backend its attention ISA (which decides the order inside a block); elsewhere the
+    platform and vLLM's canonical format id of the resolved ``KVCacheLayout``."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return f"vllm-cpu-{isa}-block{block_size}"
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
+        canonical_format_id,
+    )
+
+    name = getattr(kv_cache_config, "kv_cache_layout", None)
+    if name is None:
+        name = vllm_config.cache_config.kv_cache_layout
+    if name is None:
+        raise ConfigError(
+            "vLLM has not resolved its KV cache layout when kvtier's connector starts: set "
+            "VLLM_KV_CACHE_LAYOUT (e.g. LBNHC) so both halves name the same layout"
+        )
+    device = str(getattr(current_platform, "device_name", "gpu") or "gpu")
+    return f"vllm-{device}-{canonical_format_id(str(name))}-block{block_size}"
+
+
+def engine_geometry(vllm_config: Any, kv_cache_config: Any = None) -> EngineGeometry:
+    """The KV geometry and block layout of the engine ``vllm_config`` describes
+    (``kv_cache_config``: vLLM's, which names the resolved layout off the CPU backend)."""
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
     cache = vllm_config.cache_config
@@ -117,7 +142,7 @@ def engine_geometry(vllm_config: Any) -> EngineGeometry:
         block_size=block_size,
         dtype=name,
         itemsize=dtype.itemsize,
-        layout=f"vllm-cpu-{isa}-block{block_size}",
+        layout=layout_name(vllm_config, kv_cache_config, isa, block_size),
         tp_size=int(parallel.tensor_parallel_size),
     )
 
@@ -153,5 +178,6 @@ __all__ = [
     "attention_isa",
     "engine_geometry",
     "engine_namespace",
+    "layout_name",
     "worker_rank",
 ]

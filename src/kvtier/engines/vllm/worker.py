@@ -17,6 +17,7 @@ and reports the chunks whose part its tiers evicted, so that the other ranks dro
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -30,6 +31,7 @@ import torch
 
 from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
+from kvtier.engines.transfer import Placement, TransferEngine, open_transfer_engine
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.events import CacheEvents, KVTierEvents
@@ -37,12 +39,10 @@ from kvtier.engines.vllm.groups import KVGroups
 from kvtier.engines.vllm.identity import EngineGeometry
 from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
-from kvtier.engines.vllm.paged import PagedLayout, byte_views, gather_layers, scatter_layers
 from kvtier.engines.vllm.shards import PartBook, Shards
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
-from kvtier.tiers.io.buffers import BufferPool
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -95,10 +95,8 @@ class WorkerSide:
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
         self.names = self.cache.names
         self.counters = ConnectorCounters(self.cache.metrics)
-        self.layout: PagedLayout | None = None
-        self._caches: list[np.ndarray] = []  # each layer's blocks as byte rows
+        self.engine: TransferEngine | None = None  # set when vLLM registers its caches
         self._warm = -(-warm_tokens // self.chunk) if warm_tokens > 0 else 0
-        self._staging = BufferPool(keep=max(64, 2 * self._warm))
         self._meta = BlockMeta(dtype=SHORT_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-sync-load")
@@ -119,24 +117,26 @@ class WorkerSide:
 
     # --- set-up -------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        """Take vLLM's paged KV tensors (one per layer) and check they are what kvtier moves."""
+        """Take vLLM's paged KV tensors (one view per layer, blocks first) and check they are
+        what kvtier moves: pages adding up to the geometry's chunk, on CPU or CUDA."""
         names = layer_names(kv_caches)
         caches = [kv_caches[n] for n in names]
         self._layer_group = self.groups.of_layers(names)
-        layout = PagedLayout.of(caches, self.geometry.block_size)
+        keep = max(64, 2 * self._warm)
+        engine = open_transfer_engine(
+            caches, self.geometry.block_size, self.chunk, self.config.staging_bytes, keep
+        )
         g = self.geometry
-        expect = g.kv_heads * g.block_size * 2 * g.head_dim * g.itemsize
-        if layout.block_bytes != expect or layout.layers != g.layers:
+        if engine.chunk_bytes != self.chunk_bytes or engine.kv.num_layers != g.layers:
+            engine.close()
             raise ConfigError(
                 f"vLLM's KV cache is {len(caches)} × {tuple(caches[0].shape)} "
-                f"{caches[0].dtype}; kvtier expected {g.layers} layers of blocks of "
-                f"{expect} bytes (blocks first): this vLLM layout is not supported"
+                f"{caches[0].dtype} ({engine.chunk_bytes} bytes a chunk); kvtier expected "
+                f"{g.layers} layers and {self.chunk_bytes} bytes a chunk: this vLLM layout "
+                "is not supported"
             )
-        self.layout = layout
-        self._caches = byte_views(caches)
-        warm = [self._staging.take(self.chunk_bytes) for _ in range(self._warm)]
-        for buf in warm:
-            self._staging.give(buf)
+        self.engine = engine
+        engine.give_buffers(engine.take_buffers(self._warm))  # mapped and faulted in now
 
     # --- one step -------------------------------------------------------------------------------
     def bind(self, meta: KVTierMetadata) -> None:
@@ -192,22 +192,29 @@ class WorkerSide:
         return failed + second.result()
 
     def _load(self, job: LoadJob) -> list[int]:
-        """Read and scatter one request's chunks; the block ids that failed."""
-        layout = self.layout
-        if layout is None or not job.chunks:
+        """Read and place one request's chunks, as many at a time as the engine lends host
+        buffers for; the block ids that failed."""
+        engine = self.engine
+        if engine is None or not job.chunks:
             return job.all_block_ids()
-        taken = [self._staging.take(self.chunk_bytes) for _ in job.chunks]
-        try:
-            return self._load_into(job, layout, [t[: self.chunk_bytes] for t in taken])
-        finally:
-            for buf in taken:  # kept mapped and faulted in for the next load
-                self._staging.give(buf)
+        done = 0
+        while done < len(job.chunks):
+            bufs = engine.take_buffers(len(job.chunks) - done)
+            part = _part(job, done, done + len(bufs))
+            try:
+                failed = self._load_into(part, engine, bufs)
+            finally:
+                engine.give_buffers(bufs)  # kept mapped (pinned, on CUDA) for the next load
+            done += len(part.chunks)
+            if failed:
+                return failed + job.all_block_ids(job.chunks[done:])
+        return []
 
     def _parts(self, job: LoadJob) -> list[bytes]:
         """The keys of this rank's parts of a load's chunks."""
         return self.shards.keys([c.key for c in job.chunks], self.rank)
 
-    def _load_into(self, job: LoadJob, layout: PagedLayout, bufs: list[np.ndarray]) -> list[int]:
+    def _load_into(self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray]) -> list[int]:
         keys = self._parts(job)
         if self._announcer is not None:  # its promotions into faster tiers are announced
             self._announcer.expect(keys, [c.blocks for c in job.chunks])
@@ -222,9 +229,9 @@ class WorkerSide:
         read_s = time.perf_counter() - began
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
-        for chunk, buf in zip(job.chunks[:loaded], bufs, strict=False):
-            ids = [chunk.group_ids(g) for g in self._layer_group]
-            scatter_layers(layout, self._caches, buf, self.blocks_per_chunk, chunk.skip, ids)
+        if loaded:
+            places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
+            engine.to_device(places, bufs[:loaded])
         if result is not None and loaded:
             tiers = result.tiers[:loaded]
             for t in sorted(set(tiers)):
@@ -280,17 +287,16 @@ class WorkerSide:
             new, cached = meta.prefill
             with self._lock:
                 self._report.prefills.append((new, cached, forward_s))
-        layout = self.layout
-        if meta is None or layout is None or not meta.stores:
+        engine = self.engine
+        if meta is None or engine is None or not meta.stores:
             return
         began = time.perf_counter()
         for job in meta.stores:
-            bufs = []
-            for i in range(len(job.keys)):
-                buf = np.empty(self.chunk_bytes, dtype=np.uint8)
-                ids = [job.group_ids(i, g) for g in self._layer_group]
-                gather_layers(layout, self._caches, ids, buf)
-                bufs.append(buf)
+            bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in job.keys]
+            places = [
+                self._placement(functools.partial(job.group_ids, i)) for i in range(len(job.keys))
+            ]
+            engine.to_host(places, bufs)
             parts = self.shards.keys(job.keys, self.rank)
             if self._announcer is not None and job.blocks:
                 self._announcer.expect(parts, job.blocks)
@@ -302,6 +308,10 @@ class WorkerSide:
             if taken < len(job.keys):  # any rank's dropped part drops the chunk
                 self.counters.add("dropped_chunks", len(job.keys) - taken)
         self.counters.add("store_seconds", time.perf_counter() - began)
+
+    def _placement(self, group_ids, skip: int = 0) -> Placement:
+        """Where a chunk's blocks are: each layer's ids from its KV-cache group's table."""
+        return Placement(tuple(tuple(group_ids(g)) for g in self._layer_group), skip)
 
     def _on_evicted(self, tier: str, part: bytes) -> None:
         """A tier evicted one of this rank's parts: the chunk is gone from it for every rank."""
@@ -353,7 +363,15 @@ class WorkerSide:
         """Finish loads and queued stores, close the tiers."""
         self._pool.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
+        if self.engine is not None:
+            self.engine.close()
         close_cache(self.cache)
+
+
+def _part(job: LoadJob, start: int, end: int) -> LoadJob:
+    """Chunks ``start:end`` of a load (its tiers with them, when given per chunk)."""
+    tiers = job.tiers[start:end] if len(job.tiers) == len(job.chunks) else job.tiers
+    return replace(job, chunks=job.chunks[start:end], tiers=tiers)
 
 
 __all__ = ["WorkerSide", "layer_names"]

@@ -628,7 +628,7 @@ def ceiling_rows(doc: dict) -> list[str]:
         return []
     systems = [
         s
-        for s in ("vllm", "ceiling", "kvtier", "kvtier-disk", "example")
+        for s in ("vllm", "ceiling", "kvtier", "kvtier-whole", "kvtier-disk", "example")
         if any(k[0] == s for k in runs)
     ]
     gainers = [s for s in systems if s not in ("vllm", "ceiling")]

@@ -260,6 +260,10 @@ def test_transfer_configs(tmp_path):
     assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).tiers == tuple(tiers)
     disk = transfer_config("kvtier-disk", paths, 1, 300 << 20, 256)
     assert disk["kv_connector_extra_config"]["tiers"] == [tiers[1]]
+    whole = transfer_config("kvtier-whole", paths, 100 << 20, 300 << 20, 256)
+    extra = whole["kv_connector_extra_config"]
+    assert extra["tiers"] == tiers and ConnectorConfig.from_extra(extra).layerwise is False
+    assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).layerwise is True
     ex = transfer_config("example", paths, 1, 1, 256)
     assert ex == {
         "kv_connector": "ExampleConnector",
@@ -401,6 +405,32 @@ def test_ratios_against_vllm_alone():
     assert "median of 3 rounds alternating" in rnd.detail
     lo, hi = r.random_interval()
     assert lo < 0.98 < hi and f"90 % interval {lo:.2f}-{hi:.2f}" in rnd.detail
+
+
+def test_layer_by_layer_loading_is_held_against_whole_request_loading():
+    from dataclasses import replace
+
+    config = ServeBenchConfig(systems=("vllm", "kvtier", "kvtier-whole"), concurrency=(1, 4))
+    p50 = {("vllm", 1): 6000.0, ("kvtier", 1): 1500.0, ("kvtier-whole", 1): 1480.0}
+    p50 |= {("vllm", 4): 9000.0, ("kvtier", 4): 4000.0, ("kvtier-whole", 4): 3000.0}
+    blocked = {("kvtier", 1): 0.5, ("kvtier-whole", 1): 2.0, ("kvtier", 4): 3.0}
+    blocked[("kvtier-whole", 4)] = 2.0
+    runs = [
+        replace(
+            r,
+            cache=CacheCounters(kvtier_forward_blocked_s=blocked.get((r.system, r.concurrency), 0)),
+        )
+        for r in _runs(p50, {})
+    ]
+    r = ServeReport(config, [], runs, {}, {}, 1.0)
+    by_name = {t.name: t for t in r.targets()}
+    b1 = by_name["forward blocked for KV, layer by layer / whole, concurrency 1"]
+    t1 = by_name["TTFT p50, layer by layer / whole, concurrency 1"]
+    assert b1.measured == pytest.approx(0.25) and b1.passed and "0.50 s vs 2.00 s" in b1.detail
+    assert t1.measured == pytest.approx(1500 / 1480) and t1.passed  # within the drift allowed
+    b4 = by_name["forward blocked for KV, layer by layer / whole, concurrency 4"]
+    t4 = by_name["TTFT p50, layer by layer / whole, concurrency 4"]
+    assert b4.passed is False and t4.passed is False
 
 
 def test_the_engine_cores_spin_is_reported_next_to_the_random_rounds():

@@ -45,6 +45,7 @@ class CacheCounters:
     kvtier_load_errors: float = 0.0
     kvtier_stored_chunks: float = 0.0
     kvtier_unadmitted_chunks: float = 0.0
+    kvtier_forward_blocked_s: float = 0.0
     tier_hit_tokens: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -69,6 +70,7 @@ class CacheCounters:
             kvtier_load_errors=_total(d, "kvtier_load_errors_total"),
             kvtier_stored_chunks=_total(d, "kvtier_stored_chunks_total"),
             kvtier_unadmitted_chunks=_total(d, "kvtier_unadmitted_chunks_total"),
+            kvtier_forward_blocked_s=_total(d, "kvtier_forward_blocked_seconds_total"),
             tier_hit_tokens=dict(sorted(tiers.items())),
         )
 

@@ -17,6 +17,7 @@ from kvtier.bench.serve_config import (
     CEILING,
     DISK_VS_EXAMPLE_TARGET,
     GAIN_SHARE_TARGET,
+    LAYERWISE_TTFT_TOLERANCE,
     NOTHING_TO_GAIN,
     PRELOAD_WAIT_TARGET,
     REFERENCE,
@@ -354,6 +355,8 @@ class ServeReport:
                     )
                 )
         out.extend(t for c in self.config.concurrency if (t := self._ceiling_target(c)))
+        if {"kvtier", "kvtier-whole"} <= set(self.config.systems):
+            out.extend(t for c in self.config.concurrency for t in self._layerwise_targets(c))
         for c in self.config.concurrency:
             if {"kvtier-disk", "example"} <= set(self.config.systems):
                 r = _ratio(self.p50("kvtier-disk", c), self.p50("example", c))
@@ -392,6 +395,39 @@ class ServeReport:
         if self.preload is not None:
             out.append(self._preload_target(self.preload))
         return out
+
+    def _layerwise_targets(self, concurrency: int) -> list[Target]:
+        """Layer-by-layer loading (kvtier) against whole-request loading (kvtier-whole): the
+        seconds forwards waited for KV fall, and TTFT p50 is no worse."""
+        layer, whole = (
+            self.prefix_run("kvtier", concurrency),
+            self.prefix_run("kvtier-whole", concurrency),
+        )
+        if layer is None or whole is None:
+            return []
+        a, b = layer.cache.kvtier_forward_blocked_s, whole.cache.kvtier_forward_blocked_s
+        blocked = _ratio(a, b)
+        ttft = _ratio(self.p50("kvtier", concurrency), self.p50("kvtier-whole", concurrency))
+        pair = _pair(
+            self.p50("kvtier", concurrency), self.p50("kvtier-whole", concurrency),
+            "layer by layer", "whole",
+        )  # fmt: skip
+        return [
+            Target(
+                f"forward blocked for KV, layer by layer / whole, concurrency {concurrency}",
+                blocked,
+                "< 1",
+                None if blocked is None else blocked < 1,
+                f"{a:.2f} s vs {b:.2f} s",
+            ),
+            Target(
+                f"TTFT p50, layer by layer / whole, concurrency {concurrency}",
+                ttft,
+                f"≤ {1 + LAYERWISE_TTFT_TOLERANCE:.2f} (no worse, within drift)",
+                None if ttft is None else ttft <= 1 + LAYERWISE_TTFT_TOLERANCE,
+                pair,
+            ),
+        ]
 
     @staticmethod
     def _preload_target(result: PreloadResult) -> Target:

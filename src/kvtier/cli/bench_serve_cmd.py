@@ -68,7 +68,9 @@ def serve(
         str,
         typer.Option(
             help="Systems, comma-separated: vllm, ceiling (also called oracle: vLLM with a "
-            "pool that holds everything the run creates), kvtier, kvtier-disk, example."
+            "pool that holds everything the run creates), kvtier, kvtier-whole (loads the "
+            "step waits for placed whole before the forward, not layer by layer), "
+            "kvtier-disk, example."
         ),
     ] = "vllm,kvtier,kvtier-disk,example",
     tensor_parallel: Annotated[

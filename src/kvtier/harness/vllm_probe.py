@@ -17,7 +17,8 @@ The spec (JSON) says how to build the engine and what to do::
                {"delete": "/dir/**/*.kv"}, {"kill": "/dir"},
                {"signal": "/tmp/ready", "wait_for": "/tmp/go"}, {"sleep": 3}]}
 
-``model`` serves another model folder than the embedded model, ``lora_rank`` enables LoRA
+``model`` serves another model folder than the embedded model, ``connector_module`` and
+``connector_class`` name another connector (kvtier's by default), ``lora_rank`` enables LoRA
 adapters up to that rank, ``prompt_embeds`` prompts given as embeddings, ``tp`` tensor
 parallelism (one worker process per rank), ``kv_role`` the connector's role (default
 ``kv_both``), ``kv_events`` where vLLM publishes its KV events (a ZMQ endpoint). A prompt step
@@ -164,8 +165,10 @@ def main(argv: list[str]) -> int:
     kw: dict = {}
     if spec.get("connector") is not None:
         kw["kv_transfer_config"] = {
-            "kv_connector": "KVTierConnector",
-            "kv_connector_module_path": "kvtier.engines.vllm.connector",
+            "kv_connector": spec.get("connector_class", "KVTierConnector"),
+            "kv_connector_module_path": spec.get(
+                "connector_module", "kvtier.engines.vllm.connector"
+            ),
             "kv_role": spec.get("kv_role", "kv_both"),
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": spec["connector"],

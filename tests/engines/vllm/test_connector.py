@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.engines.vllm.records import read_records
+from kvtier.harness.layer_check import CHECK_FILE
 from kvtier.harness.vllm_probe import Probe
 
 SHORT = 16
@@ -73,7 +74,8 @@ def runs(prompts, tmp_path_factory):
     def probe(spec: dict, name: str) -> Probe:
         # one process per engine (one vLLM import, not three), but for "second": its scheduler
         # and worker halves talk across processes as in a server
-        started.append(Probe({**spec, "one_process": name != "second"}, work, name))
+        env = {CHECK_FILE: str(work / f"{name}.layers.jsonl")}
+        started.append(Probe({**spec, "one_process": name != "second"}, work, name, env))
         return started[-1]
 
     try:
@@ -113,6 +115,9 @@ def runs(prompts, tmp_path_factory):
         first = probe(
             {
                 "connector": {"tiers": tiers(0), "records": str(work / "first.jsonl")},
+                # layer by layer (the default), each attention layer's wait checked in-forward
+                "connector_module": "kvtier.harness.layer_check",
+                "connector_class": "LayerCheckedConnector",
                 "prefix_caching": False,
                 "run_when": str(work / "first.turn"),
                 "steps": [
@@ -224,6 +229,19 @@ def test_reuse_in_one_engine_gives_the_same_tokens_from_kvtier_host_memory(runs,
     recs = _by_prompt(runs["records"]["first"], prompts["P"])
     assert [r["loaded_tokens"] for r in recs] == [0, 1024]
     assert set(recs[1]["hit_tokens"]) == {"host"}  # the first tier: host memory
+
+
+def test_every_attention_layer_waits_until_its_own_loaded_blocks_hold_the_stored_bytes(runs):
+    """Inside the forward (the checked connector, right after each layer's wait): the layer's
+    blocks of the step's layer-by-layer loads already hold what was read for them."""
+    import json
+
+    lines = (runs["work"] / "first.layers.jsonl").read_text().splitlines()
+    checks = [json.loads(line) for line in lines]
+    loaded = [c for c in checks if c["blocks"]]
+    assert loaded, "no layer-by-layer load was checked"
+    assert {c["layer"] for c in loaded} == set(range(30))  # every layer of the model
+    assert all(c["ready"] and c["matching"] == c["blocks"] for c in loaded), loaded[:3]
 
 
 def test_an_extended_prompt_loads_the_shared_prefix(runs, prompts):

@@ -170,3 +170,88 @@ def test_the_tiers_rings_are_ready_for_a_chunk_when_the_worker_opens_them(worker
         for ring in rings:
             staging = ring.short_slots.staging
             assert staging._array is not None and staging.size >= side.chunk_bytes
+
+
+def _stored(side, keys_blocks) -> None:
+    """Store chunks ``key → blocks`` and wait until every tier has them."""
+    keys = tuple(k for k, _ in keys_blocks)
+    side.bind(KVTierMetadata(stores=[StoreJob("s", keys, tuple(b for _, b in keys_blocks))]))
+    side.wait_for_save()
+    side.unbind()
+    assert side.cache.flush(10)
+
+
+def test_a_waited_for_load_lands_layer_by_layer_and_each_wait_sees_its_layer(worker):
+    """Layer-by-layer (the default): the forward's wait for layer i returns with layer i's
+    blocks in place; the step's end reports no errors and the load as finished in the step."""
+    side, caches = worker
+    assert side.config.layerwise
+    a, b = b"a" * 16, b"b" * 16
+    _stored(side, [(a, (1, 2)), (b, (3, 4))])
+    job = LoadJob("r", (ChunkLoad(a, (8, 9)), ChunkLoad(b, (10, 11))), (0, 0), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    for i in range(3):
+        side.wait_for_layer_load(f"model.layers.{i}.self_attn.attn")
+        layer = caches[i].view(torch.int16)
+        for dst, src in ((8, 1), (9, 2), (10, 3), (11, 4)):
+            assert torch.equal(layer[dst], layer[src]), (i, dst)
+    side.wait_for_save()
+    report = side.take_report()
+    side.unbind()
+    assert side.take_errors() == set()
+    assert report is not None and [r for r, _ in report.synced] == ["r"]
+    stats = side.take_stats()
+    assert stats is not None and stats.data["counts"]["forward_blocked_seconds"] > 0
+
+
+def test_a_waited_for_load_with_a_missing_chunk_places_the_rest_and_reports_the_gap(worker):
+    side, caches = worker
+    a = b"a" * 16
+    _stored(side, [(a, (1, 2))])
+    job = LoadJob("r", (ChunkLoad(a, (8, 9)), ChunkLoad(b"m" * 16, (10, 11))), (0, 0), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    for i in range(3):  # no layer's wait hangs
+        side.wait_for_layer_load(f"model.layers.{i}.self_attn.attn")
+    side.wait_for_save()
+    side.unbind()
+    assert side.take_errors() == {10, 11}
+    for layer in caches:
+        assert torch.equal(layer[8].view(torch.int16), layer[1].view(torch.int16))
+
+
+def test_a_load_that_raises_mid_way_ends_as_load_errors_and_frees_every_wait(worker):
+    """A placement the engine refuses (a block past the pool) fails the whole step load:
+    every layer's wait returns, and all its blocks are load errors vLLM recomputes."""
+    side, _ = worker
+    a = b"a" * 16
+    _stored(side, [(a, (1, 2))])
+    job = LoadJob("r", (ChunkLoad(a, (8, 99)),), (0,), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    side.wait_for_layer_load("model.layers.1.self_attn.attn")
+    side.wait_for_save()
+    side.unbind()
+    assert side.take_errors() == {8, 99}
+
+
+def test_whole_request_loads_stay_behind_the_option(tmp_path):
+    from dataclasses import replace
+
+    side, caches, host = open_worker(tmp_path)
+    try:
+        side.config = replace(side.config, layerwise=False)
+        a = b"a" * 16
+        _stored(side, [(a, (1, 2))])
+        side.bind(KVTierMetadata(loads=[LoadJob("r", (ChunkLoad(a, (8, 9)),), (0,), sync=True)]))
+        side.start_load_kv()  # placed before it returns: nothing moves beside the forward
+        assert side._step_load is None
+        for layer in caches:
+            assert torch.equal(layer[9].view(torch.int16), layer[2].view(torch.int16))
+        side.wait_for_save()
+        side.unbind()
+        assert side.take_errors() == set()
+    finally:
+        side.close()
+        shutil.rmtree(host, ignore_errors=True)

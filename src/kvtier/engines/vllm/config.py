@@ -58,8 +58,11 @@ class ConnectorConfig:
     engines' stores to a shared tier are seen after at most this long; 0: look up every time).
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
-    ``staging_bytes``: on CUDA, the pinned host ring that chunks pass through between the tiers
-    and GPU memory (at least one chunk; a larger load goes through it in rounds).
+    ``layerwise``: a load the step waits for is read, then placed layer by layer beside the
+    forward, which waits in each attention layer for that layer alone (off: the whole load
+    before the forward starts). ``staging_bytes``: on CUDA, the pinned host ring that chunks
+    pass through between the tiers and GPU memory (at least one chunk; a larger load goes
+    through it in rounds).
     """
 
     tiers: tuple[str, ...] = ()
@@ -81,6 +84,7 @@ class ConnectorConfig:
     load_workers: int = 1
     sync_host: bool = True
     staging_bytes: int = 256 << 20
+    layerwise: bool = True
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -173,7 +177,7 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
         if name in ("preload_wait_s", "lookup_ttl_s", "producer_wait_s"):
             return float(value)
-        if name in ("preload", "store", "load", "sync_host"):
+        if name in ("preload", "store", "load", "sync_host", "layerwise"):
             if not isinstance(value, bool):
                 raise ValueError("true or false")
             return value

@@ -96,7 +96,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: a request is scheduled only once its KV is in place
+        if self._worker is not None:  # the step's own loads, placed layer by layer
+            self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
         return  # chunks are copied out after the whole forward (wait_for_save)
@@ -165,6 +166,14 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         return self.request_finished(request, block_ids)
 
     # --- class-level hooks ----------------------------------------------------------------------
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-by-layer loads wait inside the forward, which a CUDA graph cannot replay."""
+        try:
+            return ConnectorConfig.from_extra(extra_config).layerwise
+        except Exception:  # a bad config is refused, in one line, when the connector starts
+            return True
+
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats:
         return KVTierStats(data=dict(data or {}))

@@ -43,6 +43,9 @@ COUNTERS = {
     "prefill_seconds_saved": "predicted prefill seconds the loaded tokens saved",
     "predicted_load_seconds": "load seconds the cost model predicted for the loads made",
     "measured_load_seconds": "load seconds the loads took",
+    "forward_blocked_seconds": (
+        "seconds forwards waited for KV to load (before the forward, or in an attention layer)"
+    ),
     "load_errors": "chunks that failed to load (vLLM recomputed their blocks)",
     "stored_chunks": "chunks handed to kvtier's tiers",
     "dropped_chunks": "chunks a full write queue dropped (counted by each rank that dropped one)",

@@ -24,14 +24,19 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from kvtier.cache import Lease, LoadResult
 from kvtier.codec import BlockMeta
-from kvtier.engines.transfer import Placement, TransferEngine, open_transfer_engine
+from kvtier.engines.transfer import (
+    LoadProgress,
+    Placement,
+    TransferEngine,
+    open_transfer_engine,
+)
 from kvtier.engines.vllm.config import ConnectorConfig
 from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.events import CacheEvents, KVTierEvents
@@ -52,6 +57,21 @@ SPLIT_CHUNKS = 4
 #: The longest a load's chunks stay pinned against this worker's own evictions (the pin is
 #: released as soon as the load ends; this bounds it if a load never does).
 LOAD_PIN_S = 60.0
+#: The longest a forward waits in one attention layer for its KV (a load that never lands is
+#: then left to the step's end, where its blocks are reported as load errors).
+LAYER_WAIT_S = 60.0
+
+
+@dataclass
+class StepLoad:
+    """The loads a step's forward waits for, moving layer by layer beside it: what was read
+    (placements and host buffers, kept until the step ends) and each layer's progress."""
+
+    progress: LoadProgress
+    future: Future | None = None
+    places: list[Placement] = field(default_factory=list)
+    bufs: list = field(default_factory=list)
+    lent: list = field(default_factory=list)  # the engine's buffers among them, given back
 
 
 def layer_names(kv_caches: Mapping[str, torch.Tensor]) -> list[str]:
@@ -106,7 +126,10 @@ class WorkerSide:
         self._report = KVTierWorkerMeta()  # what the scheduler side hears after the step
         self._reported_epoch = 0  # the cache's epoch at the last report to the scheduler
         self._bound_at = 0.0
-        self._sync_s = 0.0  # seconds of this step's synchronous loads (not the forward's)
+        self._sync_s = 0.0  # seconds the step's forward waited for KV (not the forward's own)
+        self._step_load: StepLoad | None = None
+        self._layer_of: dict[str, int] = {}  # a layer's name → its index in the caches
+        self._last_result: LoadResult | None = None  # the last read's, for its warning
         self._meta_now: KVTierMetadata | None = None
         self._parts_of: PartBook[bytes] = PartBook()  # the chunks of the parts it stored or loaded
         if self.shards.size > 1:
@@ -121,6 +144,7 @@ class WorkerSide:
         what kvtier moves: pages adding up to the geometry's chunk, on CPU or CUDA."""
         names = layer_names(kv_caches)
         caches = [kv_caches[n] for n in names]
+        self._layer_of = {name: i for i, name in enumerate(names)}
         self._layer_group = self.groups.of_layers(names)
         keep = max(64, 2 * self._warm)
         engine = open_transfer_engine(
@@ -146,7 +170,8 @@ class WorkerSide:
         self._sync_s = 0.0
 
     def unbind(self) -> None:
-        """The step is over: its metadata no longer applies."""
+        """The step is over: its metadata no longer applies (a load it started has ended)."""
+        self._settle_step_load()
         self._meta_now = None
 
     def start_load_kv(self) -> None:
@@ -159,17 +184,82 @@ class WorkerSide:
         # Every chunk of the step's loads is pinned first, so that neither the chunks this
         # worker stores meanwhile nor the promotions of another load evict one before it is read.
         pins = [self.cache.pin(self._parts(job), LOAD_PIN_S) for job in meta.loads]
+        waited = []
         for job, pin in zip(meta.loads, pins, strict=True):
-            if job.sync:  # before the forward that uses it (vLLM calls this first then)
+            if not job.sync:
+                self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin)
+            elif self.config.layerwise and self.engine is not None:
+                waited.append((job, pin))  # read now, placed layer by layer beside the forward
+            else:  # the whole load before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
                 with pin:
                     self._errors.update(self._load_now(job))
                 took = time.perf_counter() - began
-                self._sync_s += took
+                self._blocked(took)
                 with self._lock:
                     self._report.synced.append((job.req_id, took))
-            else:
-                self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin)
+        if waited and self.engine is not None:
+            step = StepLoad(LoadProgress(self.engine.kv.num_layers))
+            step.future = self._sync_pool.submit(self._load_layerwise, waited, step)
+            self._step_load = step
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Wait until this layer of the step's loads is in place (the other layers may still
+        be moving)."""
+        step = self._step_load
+        if step is None:
+            return
+        began = time.perf_counter()
+        layer = self._layer_of.get(layer_name)
+        if layer is None:
+            step.progress.wait(LAYER_WAIT_S)
+        elif not step.progress.wait_layer(layer, LAYER_WAIT_S):
+            log.warning(
+                "kvtier's load of layer %s did not land in %.0f s", layer_name, LAYER_WAIT_S
+            )
+        self._blocked(time.perf_counter() - began)
+
+    def _blocked(self, seconds: float) -> None:
+        """The forward waited ``seconds`` for KV."""
+        self._sync_s += seconds
+        self.counters.add("forward_blocked_seconds", seconds)
+
+    def _load_layerwise(self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad) -> list[int]:
+        """Read every chunk of the step's waited-for loads, then place them layer by layer,
+        marking each layer in the step's progress; the block ids that failed. Whatever
+        happens, every layer is marked in the end, so no attention layer waits forever."""
+        engine = self.engine
+        assert engine is not None
+        failed: list[int] = []
+        lent: list = []
+        began = time.perf_counter()
+        try:
+            for job, pin in jobs:
+                with pin:
+                    bufs = engine.take_buffers(len(job.chunks))
+                    if len(bufs) < len(job.chunks):  # a ring smaller than the load: plain ones
+                        engine.give_buffers(bufs)
+                        bufs = [np.empty(self.chunk_bytes, np.uint8) for _ in job.chunks]
+                    else:
+                        lent.extend(bufs)
+                    loaded = self._read(job, bufs)
+                step.places += [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
+                step.bufs += bufs[:loaded]
+                failed += self._failed(job, loaded)
+            engine.to_device(step.places, step.bufs, step.progress, layerwise=True)
+        except Exception as exc:  # a bug in a load must not fail the request: recompute
+            log.warning("kvtier's layer-by-layer load raised (%s); vLLM recomputes", exc)
+            self.counters.add("load_errors", sum(len(job.chunks) for job, _ in jobs))
+            failed = [b for job, _ in jobs for b in job.all_block_ids()]
+        finally:
+            step.progress.finish()
+            step.lent = lent
+            took = time.perf_counter() - began
+            self.counters.add("measured_load_seconds", took)
+            with self._lock:  # the scheduler finishes these loads with this step
+                for job, _ in jobs:
+                    self._report.synced.append((job.req_id, took / len(jobs)))
+        return failed
 
     def _load_pinned(self, job: LoadJob, pin: Lease) -> list[int]:
         """An asynchronous load, its chunks unpinned once it ends."""
@@ -215,6 +305,16 @@ class WorkerSide:
         return self.shards.keys([c.key for c in job.chunks], self.rank)
 
     def _load_into(self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray]) -> list[int]:
+        began = time.perf_counter()
+        loaded = self._read(job, bufs)
+        if loaded:
+            places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
+            engine.to_device(places, bufs[:loaded])
+        self.counters.add("measured_load_seconds", time.perf_counter() - began)
+        return self._failed(job, loaded)
+
+    def _read(self, job: LoadJob, bufs: list[np.ndarray]) -> int:
+        """Read a load's leading chunks into ``bufs`` and count them; how many were read."""
         keys = self._parts(job)
         if self._announcer is not None:  # its promotions into faster tiers are announced
             self._announcer.expect(keys, [c.blocks for c in job.chunks])
@@ -227,11 +327,9 @@ class WorkerSide:
             loaded = 0
             result = None
         read_s = time.perf_counter() - began
+        self._last_result = result
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
-        if loaded:
-            places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
-            engine.to_device(places, bufs[:loaded])
         if result is not None and loaded:
             tiers = result.tiers[:loaded]
             for t in sorted(set(tiers)):
@@ -249,7 +347,10 @@ class WorkerSide:
                     self.counters.add("tier_hit_tokens", tokens * bs, tier=name)
                 with self._lock:
                     self._report.loads.append((name, nbytes, share, n))
-        self.counters.add("measured_load_seconds", time.perf_counter() - began)
+        return loaded
+
+    def _failed(self, job: LoadJob, loaded: int) -> list[int]:
+        """The block ids of a load's chunks past the ``loaded`` first, counted and logged."""
         failed = job.all_block_ids(job.chunks[loaded:])
         if failed:
             self.counters.add("load_errors", len(job.chunks) - loaded)
@@ -258,7 +359,7 @@ class WorkerSide:
                 loaded,
                 len(job.chunks),
                 job.req_id,
-                self._why_short(result, len(job.chunks)),
+                self._why_short(self._last_result, len(job.chunks)),
             )
         return failed
 
@@ -279,7 +380,9 @@ class WorkerSide:
         return "; ".join(why) or "no reason recorded"
 
     def wait_for_save(self) -> None:
-        """Time the step's forward; copy out the chunks it completed and queue them."""
+        """Settle the step's layer-by-layer loads (their failed blocks become load errors of
+        this step); time the step's forward; copy out the chunks it completed and queue them."""
+        self._settle_step_load()
         meta = self._meta_now
         if meta is not None and meta.prefill is not None and self.lead:
             # bind → here spans the forward, with any synchronous loads before it taken out
@@ -308,6 +411,17 @@ class WorkerSide:
             if taken < len(job.keys):  # any rank's dropped part drops the chunk
                 self.counters.add("dropped_chunks", len(job.keys) - taken)
         self.counters.add("store_seconds", time.perf_counter() - began)
+
+    def _settle_step_load(self) -> None:
+        """Wait for the step's layer-by-layer load to end and take its failed blocks."""
+        step, self._step_load = self._step_load, None
+        if step is None or step.future is None:
+            return
+        try:
+            self._errors.update(step.future.result())
+        finally:
+            if self.engine is not None:
+                self.engine.give_buffers(step.lent)
 
     def _placement(self, group_ids, skip: int = 0) -> Placement:
         """Where a chunk's blocks are: each layer's ids from its KV-cache group's table."""

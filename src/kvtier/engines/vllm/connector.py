@@ -71,6 +71,12 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             rank = worker_rank(geometry)
             self._worker = WorkerSide(config, namespace, geometry, longest, rank, events, groups)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config) -> bool:
+        """Sleep mode (vLLM 0.33) remaps the KV cache: the worker lets go of it and takes it
+        back (:meth:`unregister_kv_caches`, :meth:`restore_kv_caches`)."""
+        return True
+
     @property
     def requires_kv_delivery(self) -> bool:
         """A dropped store is only a later miss: preempted requests need not wait for one."""
@@ -80,6 +86,14 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         self._worker.register_kv_caches(manager_block_views(kv_caches, self._kv_cache_config))
+
+    def unregister_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.restore_kv_caches()
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         super().bind_connector_metadata(connector_metadata)

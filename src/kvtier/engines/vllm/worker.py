@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -129,6 +130,7 @@ class WorkerSide:
         self._sync_s = 0.0  # seconds the step's forward waited for KV (not the forward's own)
         self._step_load: StepLoad | None = None
         self._layer_of: dict[str, int] = {}  # a layer's name → its index in the caches
+        self._registered: dict[str, torch.Tensor] | None = None  # vLLM's caches, by layer name
         self._last_result: LoadResult | None = None  # the last read's, for its warning
         self._meta_now: KVTierMetadata | None = None
         self._parts_of: PartBook[bytes] = PartBook()  # the chunks of the parts it stored or loaded
@@ -142,6 +144,7 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         """Take vLLM's paged KV tensors (one view per layer, blocks first) and check they are
         what kvtier moves: pages adding up to the geometry's chunk, on CPU or CUDA."""
+        self._registered = dict(kv_caches)
         names = layer_names(kv_caches)
         caches = [kv_caches[n] for n in names]
         self._layer_of = {name: i for i, name in enumerate(names)}
@@ -161,6 +164,20 @@ class WorkerSide:
             )
         self.engine = engine
         engine.give_buffers(engine.take_buffers(self._warm))  # mapped and faulted in now
+
+    def unregister_kv_caches(self) -> None:
+        """Let go of the engine's caches before vLLM's sleep mode remaps them: finish every
+        load, drop the transfer engine's views (idempotent)."""
+        self._settle_step_load()
+        futures.wait(list(self._loading.values()))  # reported finished by get_finished, as ever
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def restore_kv_caches(self) -> None:
+        """Take the caches back after vLLM's sleep mode woke up (idempotent)."""
+        if self.engine is None and self._registered is not None:
+            self.register_kv_caches(self._registered)
 
     # --- one step -------------------------------------------------------------------------------
     def bind(self, meta: KVTierMetadata) -> None:

@@ -87,7 +87,7 @@ def test_a_workers_tiers_announce_what_they_store_and_evict(tmp_path):
         side.bind(KVTierMetadata(stores=[StoreJob("r1", keys, ((0, 1),) * n, blocks=blocks)]))
         side.wait_for_save()
         side.unbind()
-        assert side.cache.flush(10)
+        assert side.flush(10)
         events = side.take_events().get_all_events()
         stored = [e for e in events if isinstance(e, BlockStored)]
         removed = [e for e in events if isinstance(e, BlockRemoved)]

@@ -388,7 +388,42 @@ def test_a_producer_never_loads_stores_every_chunk_and_says_how_many(dirs):
         side.update_state_after_alloc(req, Blocks(range(1, 6)), 0)
         (store,) = side.build_connector_meta(_store_step("r1", len(tokens), [1, 2, 3, 4, 5])).stores
         assert len(store.keys) == 2  # every chunk, though no earlier prompt repeated them
-        assert side.request_finished(req, [1, 2, 3, 4, 5]) == (False, {"kvtier_chunks": 2})
+        # its saves are copied out after the step: vLLM keeps its blocks until they are
+        assert side.request_finished(req, [1, 2, 3, 4, 5]) == (True, {"kvtier_chunks": 2})
+    finally:
+        side.close()
+
+
+def test_blocks_are_held_for_saves_only_when_saves_outlive_the_step(dirs):
+    """With whole-request mode (``layerwise`` off) the step copies its chunks out before it
+    ends, so a finished request's blocks go back at once; a request never saved is not held."""
+    tokens = list(range(6000, 6000 + 2 * CHUNK + 5))
+    for layerwise in (False, True):
+        config = ConnectorConfig(
+            tiers=dirs, chunk_tokens=CHUNK, admit="always", layerwise=layerwise
+        )
+        side = SchedulerSide(config, NS, GEOMETRY)
+        try:
+            req, idle = _request(tokens), _request(tokens[:5], "r2")
+            for r in (req, idle):
+                side.on_new_request(r)
+                side.get_num_new_matched_tokens(r, 0)
+            side.update_state_after_alloc(req, Blocks(range(1, 6)), 0)
+            step = side.build_connector_meta(_store_step("r1", len(tokens), [1, 2, 3, 4, 5]))
+            assert len(step.stores) == 1 and not step.flush
+            assert side.request_finished(req, [1, 2, 3, 4, 5]) == (layerwise, None)
+            assert side.request_finished(idle, [6]) == (False, None)
+        finally:
+            side.close()
+
+
+def test_a_step_that_preempts_asks_the_workers_to_finish_their_saves(dirs):
+    side = SchedulerSide(ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK), NS, GEOMETRY)
+    try:
+        step = _empty_step()
+        step.preempted_req_ids = {"gone"}
+        assert side.build_connector_meta(step).flush
+        assert not side.build_connector_meta(_empty_step()).flush
     finally:
         side.close()
 

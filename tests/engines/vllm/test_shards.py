@@ -87,7 +87,7 @@ def test_three_ranks_store_and_load_their_own_parts_of_one_chunk(tmp_path):
         key = b"c" * 16
         for side in ranks:
             step(side, KVTierMetadata(stores=[StoreJob("r1", (key,), ((2, 5),))]))
-            assert side.cache.flush(10)
+            assert side.flush(10)
         shards = Shards(NS3)
         found = ranks[0].cache.lookup(shards.every_part([key]))
         assert shards.whole(found).hit_chunks == 1
@@ -115,7 +115,7 @@ def test_a_part_evicted_on_one_rank_is_reported_and_the_others_drop_theirs(tmp_p
         jobs = [StoreJob("r1", tuple(keys), ((0, 1),) * len(keys))]
         for side in (lean, other):
             step(side, KVTierMetadata(stores=jobs))
-            assert side.cache.flush(10)
+            assert side.flush(10)
         evicted = lean.take_report().evicted
         assert evicted and {tier for _, tier in evicted} == {"host"}
         gone = evicted[0][0]
@@ -123,11 +123,11 @@ def test_a_part_evicted_on_one_rank_is_reported_and_the_others_drop_theirs(tmp_p
         part = shards.key(gone, 1)
         assert other.cache.tiers[0].contains(part)
         step(other, KVTierMetadata(discards=[(gone, "host")]))
-        assert other.cache.flush(10)
+        assert other.flush(10)
         assert not other.cache.tiers[0].contains(part)  # gone from the host tier only
         assert other.cache.tiers[1].contains(part)
         step(other, KVTierMetadata(discards=[(gone, "")]))
-        assert other.cache.flush(10)
+        assert other.flush(10)
         assert not any(t.contains(part) for t in other.cache.tiers)
     finally:
         for side in (lean, other):

@@ -65,7 +65,7 @@ def test_stored_blocks_come_back_bit_for_bit_into_other_blocks(worker):
     side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((3, 7),))]))
     side.wait_for_save()
     side.unbind()
-    assert side.cache.flush(10)
+    assert side.flush(10)
     # load the chunk's second block only (vLLM's own cache holds the first) into block 10
     job = LoadJob("r2", (ChunkLoad(key, (10,), skip=1),), (0,), sync=True)
     side.bind(KVTierMetadata(loads=[job]))
@@ -93,7 +93,7 @@ def test_a_promised_chunk_outlives_the_stores_made_while_its_load_waits(tmp_path
         key = b"p" * 16
         side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((3, 7),))]))
         side.wait_for_save()
-        assert side.cache.flush(10)
+        assert side.flush(10)
         gate = threading.Event()
         busy = side._pool.submit(gate.wait, 10)  # the load thread is taken: the load waits
         side.bind(KVTierMetadata(loads=[LoadJob("r2", (ChunkLoad(key, (10, 11)),), (1,))]))
@@ -102,7 +102,7 @@ def test_a_promised_chunk_outlives_the_stores_made_while_its_load_waits(tmp_path
         others = [bytes([i]) * 16 for i in range(24)]  # several times what either tier holds
         side.bind(KVTierMetadata(stores=[StoreJob("r3", tuple(others), ((0, 1),) * 24)]))
         side.wait_for_save()
-        assert side.cache.flush(10)
+        assert side.flush(10)
         assert not any(t.contains(others[0]) for t in side.cache.tiers)  # stores did evict
         gate.set()
         busy.result()
@@ -121,7 +121,7 @@ def test_the_forward_is_timed_without_the_synchronous_loads_before_it(worker):
     key = b"t" * 16
     side.bind(KVTierMetadata(stores=[StoreJob("r1", (key,), ((0, 1),))]))
     side.wait_for_save()
-    assert side.cache.flush(10)
+    assert side.flush(10)
     side.take_report()
     job = LoadJob("r4", (ChunkLoad(key, (8, 9)),), (0,), sync=True)
     side.bind(KVTierMetadata(loads=[job], prefill=(64, 32)))
@@ -139,7 +139,7 @@ def test_a_long_synchronous_load_is_split_in_two_and_a_bad_chunk_fails_only_its_
     side.bind(KVTierMetadata(stores=[StoreJob("r1", tuple(keys), tuple((0, 1) for _ in keys))]))
     side.wait_for_save()
     side.unbind()
-    assert side.cache.flush(10)
+    assert side.flush(10)
     chunks = [ChunkLoad(k, (2 + (i % 5) * 2, 3 + (i % 5) * 2)) for i, k in enumerate(keys)]
     chunks[-2] = ChunkLoad(b"missing-chunk!!!", (40, 41))  # in the second half
     job = LoadJob("r2", tuple(chunks), tuple([0] * n), sync=True)
@@ -178,7 +178,7 @@ def _stored(side, keys_blocks) -> None:
     side.bind(KVTierMetadata(stores=[StoreJob("s", keys, tuple(b for _, b in keys_blocks))]))
     side.wait_for_save()
     side.unbind()
-    assert side.cache.flush(10)
+    assert side.flush(10)
 
 
 def test_a_waited_for_load_lands_layer_by_layer_and_each_wait_sees_its_layer(worker):
@@ -275,3 +275,83 @@ def test_sleep_mode_lets_go_of_the_caches_and_takes_them_back(worker):
     side.unbind()
     assert side.take_errors() == set()
     assert torch.equal(caches[2][9].view(torch.int16), caches[2][2].view(torch.int16))
+
+
+def _save_step(side, job: StoreJob, layers=range(3)) -> None:
+    """A step that completes ``job``'s chunks: the forward reports ``layers`` done one by one."""
+    side.bind(KVTierMetadata(stores=[job]))
+    for i in layers:
+        side.save_kv_layer(f"model.layers.{i}.self_attn.attn")
+    side.wait_for_save()
+    side.unbind()
+
+
+def _load_back(side, key: bytes, into: tuple[int, int]) -> set[int]:
+    side.bind(KVTierMetadata(loads=[LoadJob("back", (ChunkLoad(key, into),), (0,), sync=True)]))
+    side.start_load_kv()
+    side.wait_for_save()
+    side.unbind()
+    return side.take_errors()
+
+
+@pytest.mark.parametrize("reported", [(0, 1, 2), (1,), ()])
+def test_saves_copy_each_layer_as_the_forward_reports_it_and_store_the_same_bytes(worker, reported):
+    """Layer by layer (the default): the layers the forward reports are copied on the save
+    thread, the rest after the step; what is stored is the blocks' bytes, whichever way."""
+    side, caches = worker
+    key = b"s" * 16
+    _save_step(side, StoreJob("r1", (key,), ((3, 7),)), reported)
+    assert side.flush(10)
+    assert _load_back(side, key, (10, 11)) == set()
+    for layer in caches:
+        assert torch.equal(layer[10].view(torch.int16), layer[3].view(torch.int16))
+        assert torch.equal(layer[11].view(torch.int16), layer[7].view(torch.int16))
+
+
+def test_a_finished_request_is_reported_once_its_saves_are_out(worker):
+    side, _ = worker
+    gate = threading.Event()
+    side._save_pool.submit(gate.wait, 10)  # the save thread is busy: the saves wait
+    _save_step(side, StoreJob("r1", (b"f" * 16,), ((3, 7),)))
+    assert side.get_finished_saving({"r1", "r-never-saved"}) == set()  # still copying
+    assert side.get_finished_saving(set()) == set()
+    gate.set()
+    side.flush_saves()
+    assert side.get_finished_saving(set()) == {"r1"}  # remembered from the earlier call
+    assert side.get_finished_saving({"r1"}) == set()  # exactly once
+
+
+def test_a_preempting_step_waits_for_the_saves_in_flight(worker):
+    side, _ = worker
+    gate = threading.Event()
+    side._save_pool.submit(gate.wait, 10)
+    _save_step(side, StoreJob("r1", (b"p" * 16,), ((3, 7),)))
+    side.handle_preemptions(KVTierMetadata())  # no preemption: nothing to wait for
+    assert not side._saving["r1"][0].done()
+    threading.Timer(0.2, gate.set).start()
+    side.handle_preemptions(KVTierMetadata(flush=True))
+    assert side._saving["r1"][0].done()
+
+
+def test_a_save_whose_layer_cannot_be_copied_stores_nothing(worker):
+    side, _ = worker
+    key = b"x" * 16
+    _save_step(side, StoreJob("r1", (key,), ((3, 99),)))  # block 99 is not in the pool
+    assert side.flush(10)
+    assert not any(t.contains(key) for t in side.cache.tiers)
+    assert side.take_stats().data["counts"]["dropped_chunks"] >= 1
+    assert side.get_finished_saving({"r1"}) == {"r1"}  # vLLM gets its blocks back all the same
+
+
+def test_whole_request_saves_are_out_when_the_step_ends(tmp_path):
+    from dataclasses import replace
+
+    side, _, host = open_worker(tmp_path)
+    try:
+        side.config = replace(side.config, layerwise=False)
+        _save_step(side, StoreJob("r1", (b"w" * 16,), ((3, 7),)))
+        assert side.cache.flush(10) and side.cache.tiers[0].contains(b"w" * 16)
+        assert side.get_finished_saving({"r1"}) == set()  # vLLM never held its blocks
+    finally:
+        side.close()
+        shutil.rmtree(host, ignore_errors=True)

@@ -151,34 +151,50 @@ class CudaTransfer:
             return [s for s in own if s is not None], False
         return self.ring.take(want), True
 
-    def to_host(self, places: Sequence[Placement], outs: Sequence[Any]) -> None:
-        """Gather blocks into ``outs`` through the ring; returns once the bytes are there.
-        The copies wait (on the GPU) for the work queued on the caller's stream."""
+    def to_host(
+        self,
+        places: Sequence[Placement],
+        outs: Sequence[Any],
+        layers: Sequence[int] | None = None,
+        after: Any = None,
+    ) -> None:
+        """Gather blocks (every layer, or ``layers``) into ``outs`` through the ring; returns
+        once the bytes are there. The copies wait (on the GPU) for ``after`` (an event), or
+        else for the work queued on the caller's stream."""
         for place in places:
             check_placement(self.kv, self.blocks_per_chunk, place)
-        after = torch.cuda.current_stream(self.device)
+        which = list(range(self.kv.num_layers)) if layers is None else list(layers)
+        spans = [(0, self.chunk_bytes)] if layers is None else [self._spans[i] for i in which]
+        caller = torch.cuda.current_stream(self.device)
         done = 0
         while done < len(places):
             slots, lent = self._slots_for(outs[done:], len(places) - done)
             batch = places[done : done + len(slots)]
             with torch.cuda.stream(self._d2h):
-                self._d2h.wait_stream(after)  # the forward's writes first, on the GPU
+                if after is not None:  # the forward's writes first, on the GPU
+                    self._d2h.wait_event(after)
+                else:
+                    self._d2h.wait_stream(caller)
                 scratch = torch.empty(
                     (len(batch), self.chunk_bytes), dtype=torch.uint8, device=self.device
                 )
-                for layer, view in enumerate(self._views):
+                for layer in which:
                     blocks, chunk, row = self._pairs(batch, layer, skip_null=False)
-                    rows = self._rows(scratch, layer)
-                    rows[self._ids(chunk), self._ids(row)] = view.index_select(0, self._ids(blocks))
+                    got = self._views[layer].index_select(0, self._ids(blocks))
+                    self._rows(scratch, layer)[self._ids(chunk), self._ids(row)] = got
                 for c, slot in enumerate(slots[: len(batch)]):
-                    self.ring.tensors[slot].copy_(scratch[c], non_blocking=True)
+                    for start, end in spans:
+                        self.ring.tensors[slot][start:end].copy_(
+                            scratch[c, start:end], non_blocking=True
+                        )
                 copied = torch.cuda.Event()
                 copied.record(self._d2h)
             copied.synchronize()  # the copy stream only
             if lent:
                 for c, slot in enumerate(slots[: len(batch)]):
                     out = np.frombuffer(memoryview(outs[done + c]).cast("B"), dtype=np.uint8)
-                    out[: self.chunk_bytes] = self.ring.arrays[slot]
+                    for start, end in spans:
+                        out[start:end] = self.ring.arrays[slot][start:end]
                 self.ring.give(slots)
             done += len(batch)
 

@@ -69,8 +69,16 @@ class TransferEngine(Protocol):
         """Return buffers :meth:`take_buffers` handed out."""
         ...
 
-    def to_host(self, places: Sequence[Placement], outs: Sequence[Any]) -> None:
-        """Gather each chunk's blocks into ``outs`` (returns once the bytes are there)."""
+    def to_host(
+        self,
+        places: Sequence[Placement],
+        outs: Sequence[Any],
+        layers: Sequence[int] | None = None,
+        after: Any = None,
+    ) -> None:
+        """Gather each chunk's blocks into ``outs``, every layer or only ``layers`` (a save
+        layer by layer); returns once the bytes are there. ``after``: on CUDA, an event the
+        copies wait for on the GPU (the compute stream's writes of those layers)."""
         ...
 
     def to_device(

@@ -76,14 +76,23 @@ class HostTransfer:
             if whole is not None:
                 self._pool.give(whole)
 
-    def to_host(self, places: Sequence[Placement], outs: Sequence[Any]) -> None:
-        """Copy each placement's blocks into its chunk buffer."""
+    def to_host(
+        self,
+        places: Sequence[Placement],
+        outs: Sequence[Any],
+        layers: Sequence[int] | None = None,
+        after: Any = None,
+    ) -> None:
+        """Copy each placement's blocks (of every layer, or of ``layers``) into its chunk
+        buffer."""
+        which = range(self.kv.num_layers) if layers is None else layers
         for place, out in zip(places, outs, strict=True):
             check_placement(self.kv, self.blocks_per_chunk, place)
-            layers = chunk_layers(self.kv, self.blocks_per_chunk, out)
-            if not layers[0].flags.writeable:
+            rows_of = chunk_layers(self.kv, self.blocks_per_chunk, out)
+            if not rows_of[0].flags.writeable:
                 raise ConfigError("the chunk buffer to gather into is read-only")
-            for layer, (view, rows) in enumerate(zip(self._views, layers, strict=True)):
+            for layer in which:
+                view, rows = self._views[layer], rows_of[layer]
                 for j, block in enumerate(place.ids_by_layer[layer], start=place.skip):
                     rows[j] = view[block]
 

@@ -114,7 +114,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        return  # chunks are copied out after the whole forward (wait_for_save)
+        if self._worker is not None:  # this layer's blocks of the chunks the step completes
+            self._worker.save_kv_layer(layer_name)
 
     def wait_for_save(self) -> None:
         if self._worker is not None:
@@ -123,13 +124,15 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        return None, self._worker.get_finished() or None
+        sent = self._worker.get_finished_saving(finished_req_ids)
+        return sent or None, self._worker.get_finished() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_errors() if self._worker is not None else set()
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
-        return  # stores copy their blocks out within the step: nothing refers to freed blocks
+        if self._worker is not None and isinstance(kv_connector_metadata, KVTierMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
 
     def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
         return self._worker.take_report() if self._worker is not None else None

@@ -107,12 +107,15 @@ class StoreJob:
 class KVTierMetadata(KVConnectorMetadata):
     """One step's loads and stores, built by the scheduler side; ``discards``: (chunk key, tier
     name) of chunks some rank lost its part of in that tier (evicted; ``""``: in every tier, a
-    part a lookup found missing), whose parts every rank deletes from the same tier."""
+    part a lookup found missing), whose parts every rank deletes from the same tier; ``flush``:
+    vLLM preempted a request this step, so blocks may change hands: saves still copying finish
+    before the forward."""
 
     loads: list[LoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
     prefill: tuple[int, int] | None = None  # (new, cached) when one request prefills alone
     discards: list[tuple[bytes, str]] = field(default_factory=list)
+    flush: bool = False
 
 
 @dataclass

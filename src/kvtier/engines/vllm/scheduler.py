@@ -152,6 +152,7 @@ class _Request:
     repeats: list[bool] | None = None  # per prompt chunk: an earlier prompt held it too
     looked: _Looked | None = None  # its last lookup, reused while nothing it depends on changed
     pending: _Pending | None = None  # its lookup in flight off the loop (network tiers)
+    saved: bool = False  # a step handed the worker chunks of it to save (copied asynchronously)
 
     def move(self, to: Preload) -> None:
         """Change the preload state along :data:`PRELOAD_MOVES` (the caller holds the lock)."""
@@ -488,6 +489,7 @@ class SchedulerSide:
         if len(prefills) == 1 and scheduler_output.total_num_scheduled_tokens - prefills[0][0] < 8:
             meta.prefill = prefills[0]
         for req_id in scheduler_output.preempted_req_ids or ():
+            meta.flush = True  # its blocks may be handed out this step: pending saves first
             st = self._reqs.get(req_id)
             if st is not None:
                 st.block_ids = []
@@ -517,6 +519,7 @@ class SchedulerSide:
             return
         for c in chosen:  # a chunk stored anew may be offered again
             self._bad.pop(keys[c], None)
+        st.saved = True
         meta.stores.append(
             StoreJob(
                 st.request.request_id,
@@ -600,8 +603,10 @@ class SchedulerSide:
         st.failed_blocks = set()
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
-        """A request is done: forget it (its stores were copied out when computed). A producer
-        answers with the leading chunks it handed its tiers, for the consumer that goes on."""
+        """A request is done: forget it. With asynchronous saves (``layerwise``), a request
+        some step handed chunks of to save keeps its blocks until the worker reports them
+        copied out (True). A producer answers with the leading chunks it handed its tiers, for
+        the consumer that goes on."""
         with self._lock:
             st = self._reqs.pop(request.request_id, None)
             if st is not None:
@@ -609,9 +614,10 @@ class SchedulerSide:
                 if st.preload is Preload.QUEUED:
                     self._preload_queue.remove(request.request_id)
                 st.move(Preload.NONE)
+        held = st is not None and st.saved and self.config.layerwise
         if st is None or self.config.load or not self.config.store or st.unkeyable:
-            return False, None
-        return False, {CHUNKS_PARAM: st.stored}
+            return held, None
+        return held, {CHUNKS_PARAM: st.stored}
 
     def take_stats(self):
         """Counters since the last call, as vLLM's stats object."""

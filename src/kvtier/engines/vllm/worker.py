@@ -43,7 +43,7 @@ from kvtier.engines.vllm.dtype import SHORT_NAMES
 from kvtier.engines.vllm.events import CacheEvents, KVTierEvents
 from kvtier.engines.vllm.groups import KVGroups
 from kvtier.engines.vllm.identity import EngineGeometry
-from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob
+from kvtier.engines.vllm.metadata import KVTierMetadata, KVTierWorkerMeta, LoadJob, StoreJob
 from kvtier.engines.vllm.open_tiers import close_cache, open_cache
 from kvtier.engines.vllm.shards import PartBook, Shards
 from kvtier.engines.vllm.stats import ConnectorCounters, KVTierStats
@@ -61,6 +61,18 @@ LOAD_PIN_S = 60.0
 #: The longest a forward waits in one attention layer for its KV (a load that never lands is
 #: then left to the step's end, where its blocks are reported as load errors).
 LAYER_WAIT_S = 60.0
+
+
+@dataclass
+class StepSave:
+    """The chunks a step completed, copied out layer by layer as the forward finishes each
+    layer (on the worker's save thread), then handed to the tiers after the step."""
+
+    jobs: list[StoreJob]
+    places: list[Placement]
+    bufs: list[np.ndarray]
+    copied: set[int] = field(default_factory=set)  # layers already handed to the save thread
+    failed: bool = False  # a layer could not be copied: no chunk of it is stored
 
 
 @dataclass
@@ -121,6 +133,13 @@ class WorkerSide:
         self._meta = BlockMeta(dtype=SHORT_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
         self._sync_pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-sync-load")
+        self._save_pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-save")
+        self._step_save: StepSave | None = None
+        self._saves_handed = False  # the bound step's saves went to the tiers (or the thread)
+        self._saving: dict[str, list[Future]] = {}  # request → its saves still in flight
+        self._finished_saving: set[str] = set()  # finished requests vLLM holds for their saves
+        self._nothing: Future = Future()  # a save that was never to be made: done already
+        self._nothing.set_result(None)
         self._loading: dict[str, Future] = {}
         self._errors: set[int] = set()
         self._lock = threading.Lock()
@@ -183,12 +202,19 @@ class WorkerSide:
     def bind(self, meta: KVTierMetadata) -> None:
         """The step's metadata arrived (the forward starts now)."""
         self._meta_now = meta
+        self._saves_handed = False
+        self._step_save = None
         self._bound_at = time.perf_counter()
         self._sync_s = 0.0
 
     def unbind(self) -> None:
-        """The step is over: its metadata no longer applies (a load it started has ended)."""
+        """The step is over: its metadata no longer applies (a load it started has ended, its
+        saves are handed on even where vLLM did not wait for them)."""
         self._settle_step_load()
+        meta = self._meta_now
+        if meta is not None and meta.stores and not self._saves_handed:
+            self.wait_for_save()
+        self._step_save = None
         self._meta_now = None
 
     def start_load_kv(self) -> None:
@@ -408,26 +434,111 @@ class WorkerSide:
             with self._lock:
                 self._report.prefills.append((new, cached, forward_s))
         engine = self.engine
-        if meta is None or engine is None or not meta.stores:
+        if meta is None or not meta.stores or self._saves_handed:
+            return
+        self._saves_handed = True
+        if engine is None:  # nothing to copy from; vLLM still waits to hear the saves ended
+            if self.config.layerwise:
+                for job in meta.stores:
+                    self._saving.setdefault(job.req_id, []).append(self._nothing)
             return
         began = time.perf_counter()
-        for job in meta.stores:
-            bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in job.keys]
-            places = [
-                self._placement(functools.partial(job.group_ids, i)) for i in range(len(job.keys))
-            ]
-            engine.to_host(places, bufs)
-            parts = self.shards.keys(job.keys, self.rank)
-            if self._announcer is not None and job.blocks:
-                self._announcer.expect(parts, job.blocks)
-            taken = self.cache.store(parts, bufs, meta=self._meta, copy=False)
-            if self.shards.size > 1:
-                self._parts_of.remember(parts, job.keys)
-            if self.lead:
-                self.counters.add("stored_chunks", taken)
-            if taken < len(job.keys):  # any rank's dropped part drops the chunk
-                self.counters.add("dropped_chunks", len(job.keys) - taken)
+        if self.config.layerwise:  # the rest of the layers and the stores, off the forward
+            save = self._step_save or self._begin_save(meta)
+            self._step_save = None
+            rest = [i for i in range(engine.kv.num_layers) if i not in save.copied]
+            done = self._save_pool.submit(self._finish_save, save, rest, self._compute_event())
+            for job in save.jobs:  # vLLM holds their blocks until get_finished says so
+                self._saving.setdefault(job.req_id, []).append(done)
+        else:
+            for job in meta.stores:
+                bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in job.keys]
+                engine.to_host(self._store_places(job), bufs)
+                self._store(job, bufs)
         self.counters.add("store_seconds", time.perf_counter() - began)
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        """The forward finished this layer: copy its blocks of the chunks the step completes
+        on the save thread while the forward goes on (layer-by-layer mode)."""
+        meta, engine = self._meta_now, self.engine
+        if not self.config.layerwise or meta is None or engine is None or not meta.stores:
+            return
+        save = self._step_save or self._begin_save(meta)
+        layer = self._layer_of.get(layer_name)
+        if layer is None or layer in save.copied:
+            return
+        save.copied.add(layer)
+        self._save_pool.submit(self._copy_layer, save, layer, self._compute_event())
+
+    def _begin_save(self, meta: KVTierMetadata) -> StepSave:
+        """The step's chunks to save: their placements and fresh host buffers."""
+        places = [p for job in meta.stores for p in self._store_places(job)]
+        bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in places]
+        self._step_save = StepSave(list(meta.stores), places, bufs)
+        return self._step_save
+
+    def _store_places(self, job: StoreJob) -> list[Placement]:
+        return [self._placement(functools.partial(job.group_ids, i)) for i in range(len(job.keys))]
+
+    def _compute_event(self):
+        """On CUDA, an event on the forward's stream now (what a copy must wait for)."""
+        engine = self.engine
+        if engine is None or engine.kv.device == "cpu":
+            return None
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def _copy_layer(self, save: StepSave, layer: int, after) -> None:
+        assert self.engine is not None
+        try:
+            self.engine.to_host(save.places, save.bufs, [layer], after)
+        except Exception as exc:  # a save is only a later hit: the finish drops the chunks
+            log.warning("kvtier could not copy layer %d out (%s)", layer, exc)
+            save.failed = True
+
+    def _finish_save(self, save: StepSave, rest: list[int], after) -> None:
+        """Copy the layers the forward did not report, then hand every chunk to the tiers."""
+        try:
+            if rest and self.engine is not None:
+                self.engine.to_host(save.places, save.bufs, rest, after)
+            if save.failed:  # a chunk missing a layer is never stored
+                self.counters.add("dropped_chunks", len(save.places))
+                return
+            start = 0
+            for job in save.jobs:
+                self._store(job, save.bufs[start : start + len(job.keys)])
+                start += len(job.keys)
+        except Exception as exc:  # a dropped save is a later miss, never a failed request
+            log.warning("kvtier dropped a step's saves (%s)", exc)
+            self.counters.add("dropped_chunks", len(save.places))
+
+    def _store(self, job: StoreJob, bufs: list[np.ndarray]) -> None:
+        """Hand one job's copied-out chunks to the tiers' writers."""
+        parts = self.shards.keys(job.keys, self.rank)
+        if self._announcer is not None and job.blocks:
+            self._announcer.expect(parts, job.blocks)
+        taken = self.cache.store(parts, bufs, meta=self._meta, copy=False)
+        if self.shards.size > 1:
+            self._parts_of.remember(parts, job.keys)
+        if self.lead:
+            self.counters.add("stored_chunks", taken)
+        if taken < len(job.keys):  # any rank's dropped part drops the chunk
+            self.counters.add("dropped_chunks", len(job.keys) - taken)
+
+    def flush_saves(self) -> None:
+        """Wait until every save handed to the save thread is done (its blocks are free)."""
+        self._save_pool.submit(lambda: None).result()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every save is copied out and written to every tier it goes to."""
+        self.flush_saves()
+        return self.cache.flush(timeout)
+
+    def handle_preemptions(self, meta: KVTierMetadata | None) -> None:
+        """vLLM preempted a request: blocks may change hands this step, so saves finish first."""
+        if meta is not None and meta.flush and self._saving:
+            self.flush_saves()
 
     def _settle_step_load(self) -> None:
         """Wait for the step's layer-by-layer load to end and take its failed blocks."""
@@ -468,6 +579,17 @@ class WorkerSide:
             done.add(req_id)
         return done
 
+    def get_finished_saving(self, finished_req_ids: set[str] | frozenset) -> set[str]:
+        """Finished requests vLLM holds for their saves whose saves are all done (their
+        blocks may go back to vLLM): every request a step handed chunks of to save, once it
+        finished, is reported here exactly once."""
+        self._finished_saving |= {r for r in finished_req_ids if r in self._saving}
+        sent = {r for r in self._finished_saving if all(f.done() for f in self._saving[r])}
+        for req_id in sent:
+            self._finished_saving.discard(req_id)
+            del self._saving[req_id]
+        return sent
+
     def take_errors(self) -> set[int]:
         """Blocks that failed to load since the last call."""
         errors, self._errors = self._errors, set()
@@ -494,6 +616,7 @@ class WorkerSide:
         """Finish loads and queued stores, close the tiers."""
         self._pool.shutdown(wait=True)
         self._sync_pool.shutdown(wait=True)
+        self._save_pool.shutdown(wait=True)
         if self.engine is not None:
             self.engine.close()
         close_cache(self.cache)

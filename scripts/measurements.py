@@ -58,7 +58,7 @@ class Report:
 
     path: Path
     doc: dict
-    kind: str  # storage, codec, run, serve, overhead, prefix-ttft, fleet, reload, peers
+    kind: str  # storage, codec, run, serve, overhead, prefix-ttft, fleet, reload, peers, transfer
     measured: str | None
     command: str | None
     cpu: str | None
@@ -86,6 +86,8 @@ def kind_of(doc: dict) -> str | None:
         return "reload"
     if schema.startswith("kvtier.bench.peers"):
         return "peers"
+    if schema.startswith("kvtier.bench.transfer"):
+        return "transfer"
     return None
 
 
@@ -110,6 +112,8 @@ def report_cpu(doc: dict, kind: str) -> str | None:
         count, cpu = doc.get("machine", {}).get("cpus"), doc.get("machine", {}).get("cpu")
     elif kind == "codec":
         count, cpu = doc.get("cores"), doc.get("cpu")
+    elif kind == "transfer":
+        count, cpu = None, doc.get("device_name")
     else:
         count, cpu = None, doc.get("cpu")
     if not cpu:
@@ -819,6 +823,50 @@ def render_reload(reports: list[Report]) -> list[str]:
     return [*out, ""]
 
 
+def render_transfer(reports: list[Report]) -> list[str]:
+    """The page of ``transfer``: the transfer engine's round trips, copies and overlap."""
+    out = [
+        "# The transfer engine",
+        "",
+        "`kvtier bench transfer` moves whole KV blocks of a torch-built pool in one of vLLM's "
+        "layouts through kvtier's transfer engine (the one the connector's worker half uses). "
+        "Copies are GB/s of the engine's gather (`to_host`) and scatter (`to_device`, whole "
+        "chunks and layer by layer) against a plain copy of the same bytes in the same run (a "
+        "pinned `copy_` on CUDA, a memcpy on CPU). Overlap: a stand-in forward (per layer, "
+        "matmuls sized to take about as long as that layer's load) alone and beside a full "
+        "load; then waiting for each layer of a load against waiting for the whole load.",
+        "",
+        "| report | device | model, layout | MiB moved | round trips exact | to_host | to_device "
+        "| layer by layer | forward slowed | first / last layer usable | per layer / whole |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in reports:
+        doc, cfg = r.doc, r.doc["config"]
+        c, o = doc["copies"], doc["overlap"]
+        exact = all(t["exact"] for t in doc["round_trips"])
+        tiers = ", ".join(t["tier"] for t in doc["round_trips"])
+        out.append(
+            f"| `{shown(r.path, PAGES)}` | {cfg['device']}: {doc['device_name']} | "
+            f"{cfg['model']}, {cfg['layout']} | {c['to_host']['bytes'] / 2**20:.0f} | "
+            f"{'yes' if exact else 'NO'} ({tiers}) | "
+            + " | ".join(
+                f"{c[k]['engine_gbps']:.1f} GB/s ({c[k]['share_of_plain']:.2f}×)"
+                for k in ("to_host", "to_device", "to_device_layerwise")
+            )
+            + f" | {o['slowdown'] * 100:.0f} % | {o['first_layer_usable_s'] * 1e3:.1f} / "
+            f"{o['last_layer_usable_s'] * 1e3:.1f} ms | {o['total_layerwise_s'] * 1e3:.1f} / "
+            f"{o['total_whole_s'] * 1e3:.1f} ms |"
+        )
+    out += ["", "GPUDirect Storage: " + "; ".join(
+        sorted({
+            f"kvikio, compat mode {r.doc['gds']['compat_mode']}" if r.doc["gds"].get("available")
+            else r.doc["gds"]["reason"]
+            for r in reports
+        })
+    ) + ".", ""]  # fmt: skip
+    return out
+
+
 PEER_CLASSES = ("host memory", "local disk", "redis", "mooncake")
 PEER_SIDES = {"kvtier": 0, "peer": 1, "reference": 2}
 
@@ -989,6 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
         "fleet": ("kvtier simulate's routing × replicas sweeps", {"fleet"}, render_fleet),
         "reload": ("kvtier bench reload: restart and prefill/decode", {"reload"}, render_reload),
         "peers": ("kvtier bench peers: beside LMCache and Mooncake Store", {"peers"}, render_peers),
+        "transfer": ("kvtier bench transfer: the transfer engine", {"transfer"}, render_transfer),
     }
     for name, (text, _, _) in pages.items():
         one = sub.add_parser(name, help=text)

@@ -227,23 +227,24 @@ class WorkerSide:
         # Every chunk of the step's loads is pinned first, so that neither the chunks this
         # worker stores meanwhile nor the promotions of another load evict one before it is read.
         pins = [self.cache.pin(self._parts(job), LOAD_PIN_S) for job in meta.loads]
+        after = self._compute_event() if meta.loads else None  # e.g. vLLM zeroing new blocks
         waited = []
         for job, pin in zip(meta.loads, pins, strict=True):
             if not job.sync:
-                self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin)
+                self._loading[job.req_id] = self._pool.submit(self._load_pinned, job, pin, after)
             elif self.config.layerwise and self.engine is not None:
                 waited.append((job, pin))  # read now, placed layer by layer beside the forward
             else:  # the whole load before the forward that uses it (vLLM calls this first then)
                 began = time.perf_counter()
                 with pin:
-                    self._errors.update(self._load_now(job))
+                    self._errors.update(self._load_now(job, after))
                 took = time.perf_counter() - began
                 self._blocked(took)
                 with self._lock:
                     self._report.synced.append((job.req_id, took))
         if waited and self.engine is not None:
             step = StepLoad(LoadProgress(self.engine.kv.num_layers))
-            step.future = self._sync_pool.submit(self._load_layerwise, waited, step)
+            step.future = self._sync_pool.submit(self._load_layerwise, waited, step, after)
             self._step_load = step
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -267,7 +268,9 @@ class WorkerSide:
         self._sync_s += seconds
         self.counters.add("forward_blocked_seconds", seconds)
 
-    def _load_layerwise(self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad) -> list[int]:
+    def _load_layerwise(
+        self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad, after=None
+    ) -> list[int]:
         """Read every chunk of the step's waited-for loads, then place them layer by layer,
         marking each layer in the step's progress; the block ids that failed. Whatever
         happens, every layer is marked in the end, so no attention layer waits forever."""
@@ -289,7 +292,7 @@ class WorkerSide:
                 step.places += [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
                 step.bufs += bufs[:loaded]
                 failed += self._failed(job, loaded)
-            engine.to_device(step.places, step.bufs, step.progress, layerwise=True)
+            engine.to_device(step.places, step.bufs, step.progress, layerwise=True, after=after)
         except Exception as exc:  # a bug in a load must not fail the request: recompute
             log.warning("kvtier's layer-by-layer load raised (%s); vLLM recomputes", exc)
             self.counters.add("load_errors", sum(len(job.chunks) for job, _ in jobs))
@@ -304,27 +307,27 @@ class WorkerSide:
                     self._report.synced.append((job.req_id, took / len(jobs)))
         return failed
 
-    def _load_pinned(self, job: LoadJob, pin: Lease) -> list[int]:
+    def _load_pinned(self, job: LoadJob, pin: Lease, after=None) -> list[int]:
         """An asynchronous load, its chunks unpinned once it ends."""
         with pin:
-            return self._load(job)
+            return self._load(job, after)
 
-    def _load_now(self, job: LoadJob) -> list[int]:
+    def _load_now(self, job: LoadJob, after=None) -> list[int]:
         """A synchronous load: the engine waits for it, so both halves of a long one are read
         and scattered at once (this thread and one helper: reads and copies release the GIL)."""
         half = len(job.chunks) // 2
         if half < SPLIT_CHUNKS:
-            return self._load(job)
+            return self._load(job, after)
         first, rest = job.tiers[:half], job.tiers[half:]
         if len(job.tiers) != len(job.chunks):
             first = rest = job.tiers
         second = self._sync_pool.submit(
-            self._load, replace(job, chunks=job.chunks[half:], tiers=rest)
+            self._load, replace(job, chunks=job.chunks[half:], tiers=rest), after
         )
-        failed = self._load(replace(job, chunks=job.chunks[:half], tiers=first))
+        failed = self._load(replace(job, chunks=job.chunks[:half], tiers=first), after)
         return failed + second.result()
 
-    def _load(self, job: LoadJob) -> list[int]:
+    def _load(self, job: LoadJob, after=None) -> list[int]:
         """Read and place one request's chunks, as many at a time as the engine lends host
         buffers for; the block ids that failed."""
         engine = self.engine
@@ -335,7 +338,7 @@ class WorkerSide:
             bufs = engine.take_buffers(len(job.chunks) - done)
             part = _part(job, done, done + len(bufs))
             try:
-                failed = self._load_into(part, engine, bufs)
+                failed = self._load_into(part, engine, bufs, after)
             finally:
                 engine.give_buffers(bufs)  # kept mapped (pinned, on CUDA) for the next load
             done += len(part.chunks)
@@ -347,12 +350,14 @@ class WorkerSide:
         """The keys of this rank's parts of a load's chunks."""
         return self.shards.keys([c.key for c in job.chunks], self.rank)
 
-    def _load_into(self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray]) -> list[int]:
+    def _load_into(
+        self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray], after=None
+    ) -> list[int]:
         began = time.perf_counter()
         loaded = self._read(job, bufs)
         if loaded:
             places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
-            engine.to_device(places, bufs[:loaded])
+            engine.to_device(places, bufs[:loaded], after=after)
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
         return self._failed(job, loaded)
 

@@ -150,7 +150,6 @@ class WorkerSide:
         self._step_load: StepLoad | None = None
         self._layer_of: dict[str, int] = {}  # a layer's name → its index in the caches
         self._registered: dict[str, torch.Tensor] | None = None  # vLLM's caches, by layer name
-        self._last_result: LoadResult | None = None  # the last read's, for its warning
         self._meta_now: KVTierMetadata | None = None
         self._parts_of: PartBook[bytes] = PartBook()  # the chunks of the parts it stored or loaded
         if self.shards.size > 1:
@@ -243,9 +242,7 @@ class WorkerSide:
                 with self._lock:
                     self._report.synced.append((job.req_id, took))
         if waited and self.engine is not None:
-            step = StepLoad(LoadProgress(self.engine.kv.num_layers))
-            step.future = self._sync_pool.submit(self._load_layerwise, waited, step, after)
-            self._step_load = step
+            self._step_load = self._read_step(waited, after)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait until this layer of the step's loads is in place (the other layers may still
@@ -268,17 +265,15 @@ class WorkerSide:
         self._sync_s += seconds
         self.counters.add("forward_blocked_seconds", seconds)
 
-    def _load_layerwise(
-        self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad, after=None
-    ) -> list[int]:
-        """Read every chunk of the step's waited-for loads, then place them layer by layer,
-        marking each layer in the step's progress; the block ids that failed. Whatever
-        happens, every layer is marked in the end, so no attention layer waits forever."""
+    def _read_step(self, jobs: list[tuple[LoadJob, Lease]], after) -> StepLoad:
+        """Read every chunk of the step's waited-for loads now (before the forward goes on: a
+        read beside it would compete with the forward's threads for the cores), then place
+        them layer by layer on the sync-load thread, marking each layer as it lands."""
         engine = self.engine
         assert engine is not None
-        failed: list[int] = []
-        lent: list = []
+        step = StepLoad(LoadProgress(engine.kv.num_layers))
         began = time.perf_counter()
+        failed: list[int] = []
         try:
             for job, pin in jobs:
                 with pin:
@@ -287,20 +282,40 @@ class WorkerSide:
                         engine.give_buffers(bufs)
                         bufs = [np.empty(self.chunk_bytes, np.uint8) for _ in job.chunks]
                     else:
-                        lent.extend(bufs)
-                    loaded = self._read(job, bufs)
+                        step.lent.extend(bufs)
+                    loaded, result = self._read(job, bufs)
                 step.places += [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
                 step.bufs += bufs[:loaded]
-                failed += self._failed(job, loaded)
-            engine.to_device(step.places, step.bufs, step.progress, layerwise=True, after=after)
+                failed += self._failed(job, loaded, result)
         except Exception as exc:  # a bug in a load must not fail the request: recompute
-            log.warning("kvtier's layer-by-layer load raised (%s); vLLM recomputes", exc)
+            log.warning("kvtier's read of a step's loads raised (%s); vLLM recomputes", exc)
             self.counters.add("load_errors", sum(len(job.chunks) for job, _ in jobs))
             failed = [b for job, _ in jobs for b in job.all_block_ids()]
+            step.places, step.bufs = [], []
+        self._errors.update(failed)
+        read_s = time.perf_counter() - began
+        self._blocked(read_s)
+        step.future = self._sync_pool.submit(self._place_layerwise, jobs, step, after, read_s)
+        return step
+
+    def _place_layerwise(
+        self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad, after, read_s: float
+    ) -> list[int]:
+        """Place a step's read chunks layer by layer; the block ids that failed. Whatever
+        happens, every layer is marked in the end, so no attention layer waits forever."""
+        engine = self.engine
+        assert engine is not None
+        began = time.perf_counter()
+        failed: list[int] = []
+        try:
+            engine.to_device(step.places, step.bufs, step.progress, layerwise=True, after=after)
+        except Exception as exc:  # a bug in a load must not fail the request: recompute
+            log.warning("kvtier's layer-by-layer placing raised (%s); vLLM recomputes", exc)
+            self.counters.add("load_errors", len(step.places))
+            failed = [b for p in step.places for ids in p.ids_by_layer for b in ids]
         finally:
             step.progress.finish()
-            step.lent = lent
-            took = time.perf_counter() - began
+            took = read_s + time.perf_counter() - began
             self.counters.add("measured_load_seconds", took)
             with self._lock:  # the scheduler finishes these loads with this step
                 for job, _ in jobs:
@@ -354,15 +369,16 @@ class WorkerSide:
         self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray], after=None
     ) -> list[int]:
         began = time.perf_counter()
-        loaded = self._read(job, bufs)
+        loaded, result = self._read(job, bufs)
         if loaded:
             places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
             engine.to_device(places, bufs[:loaded], after=after)
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
-        return self._failed(job, loaded)
+        return self._failed(job, loaded, result)
 
-    def _read(self, job: LoadJob, bufs: list[np.ndarray]) -> int:
-        """Read a load's leading chunks into ``bufs`` and count them; how many were read."""
+    def _read(self, job: LoadJob, bufs: list[np.ndarray]) -> tuple[int, LoadResult | None]:
+        """Read a load's leading chunks into ``bufs`` and count them; how many were read, and
+        the cache's result (None: it raised)."""
         keys = self._parts(job)
         if self._announcer is not None:  # its promotions into faster tiers are announced
             self._announcer.expect(keys, [c.blocks for c in job.chunks])
@@ -375,7 +391,6 @@ class WorkerSide:
             loaded = 0
             result = None
         read_s = time.perf_counter() - began
-        self._last_result = result
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
         if result is not None and loaded:
@@ -395,9 +410,9 @@ class WorkerSide:
                     self.counters.add("tier_hit_tokens", tokens * bs, tier=name)
                 with self._lock:
                     self._report.loads.append((name, nbytes, share, n))
-        return loaded
+        return loaded, result
 
-    def _failed(self, job: LoadJob, loaded: int) -> list[int]:
+    def _failed(self, job: LoadJob, loaded: int, result: LoadResult | None) -> list[int]:
         """The block ids of a load's chunks past the ``loaded`` first, counted and logged."""
         failed = job.all_block_ids(job.chunks[loaded:])
         if failed:
@@ -407,7 +422,7 @@ class WorkerSide:
                 loaded,
                 len(job.chunks),
                 job.req_id,
-                self._why_short(self._last_result, len(job.chunks)),
+                self._why_short(result, len(job.chunks)),
             )
         return failed
 

@@ -355,3 +355,23 @@ def test_whole_request_saves_are_out_when_the_step_ends(tmp_path):
     finally:
         side.close()
         shutil.rmtree(host, ignore_errors=True)
+
+
+def test_a_long_waited_for_load_is_read_in_two_halves_and_placed_whole(tmp_path):
+    """A load of 2 × SPLIT_CHUNKS chunks or more is read as two halves at once; every chunk
+    lands, and a chunk missing from the second half fails only its own blocks and the rest."""
+    side, _, host = open_worker(tmp_path, host_size="16MiB")
+    try:
+        n = 2 * SPLIT_CHUNKS
+        keys = [bytes([65 + i]) * 16 for i in range(n)]
+        _stored(side, [(k, (1 + i % 5, 6)) for i, k in enumerate(keys)])
+        missing = b"~" * 16
+        chunks = [ChunkLoad(k, (7, 8)) for k in keys[:-1]] + [ChunkLoad(missing, (9, 10))]
+        side.bind(KVTierMetadata(loads=[LoadJob("r", tuple(chunks), (0,) * n, sync=True)]))
+        side.start_load_kv()
+        side.wait_for_save()
+        side.unbind()
+        assert side.take_errors() == {9, 10}
+    finally:
+        side.close()
+        shutil.rmtree(host, ignore_errors=True)

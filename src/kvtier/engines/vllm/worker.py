@@ -283,10 +283,11 @@ class WorkerSide:
                         bufs = [np.empty(self.chunk_bytes, np.uint8) for _ in job.chunks]
                     else:
                         step.lent.extend(bufs)
-                    loaded, result = self._read(job, bufs)
-                step.places += [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
-                step.bufs += bufs[:loaded]
-                failed += self._failed(job, loaded, result)
+                    for (loaded, result), (part, into) in self._read_halves(job, bufs):
+                        done = part.chunks[:loaded]
+                        step.places += [self._placement(c.group_ids, c.skip) for c in done]
+                        step.bufs += into[:loaded]
+                        failed += self._failed(part, loaded, result)
         except Exception as exc:  # a bug in a load must not fail the request: recompute
             log.warning("kvtier's read of a step's loads raised (%s); vLLM recomputes", exc)
             self.counters.add("load_errors", sum(len(job.chunks) for job, _ in jobs))
@@ -297,6 +298,18 @@ class WorkerSide:
         self._blocked(read_s)
         step.future = self._sync_pool.submit(self._place_layerwise, jobs, step, after, read_s)
         return step
+
+    def _read_halves(self, job: LoadJob, bufs: list[np.ndarray]):
+        """Read a load into ``bufs``; a long one as two halves at once (this thread and the
+        sync-load thread: reads release the GIL), as a whole load does. Each half's (loaded,
+        result) with (its part of the job, its buffers)."""
+        half = len(job.chunks) // 2
+        if half < SPLIT_CHUNKS:
+            return [(self._read(job, bufs), (job, bufs))]
+        first, rest = _part(job, 0, half), _part(job, half, len(job.chunks))
+        second = self._sync_pool.submit(self._read, rest, bufs[half:])
+        got = self._read(first, bufs[:half])
+        return [(got, (first, bufs[:half])), (second.result(), (rest, bufs[half:]))]
 
     def _place_layerwise(
         self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad, after, read_s: float

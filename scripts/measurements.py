@@ -615,6 +615,11 @@ def serve_title(doc: dict) -> str:
     return title
 
 
+SERVE_SYSTEMS = (
+    "vllm", "ceiling", "kvtier", "kvtier-layerwise", "kvtier-whole", "kvtier-disk", "example"
+)  # fmt: skip
+
+
 def ceiling_rows(doc: dict) -> list[str]:
     """Each system's TTFT p50 and mean against vLLM alone and its share of the ceiling's gain
     (a pool that holds everything) on TTFT p50, mean, p99 and the run's duration, where the
@@ -630,11 +635,7 @@ def ceiling_rows(doc: dict) -> list[str]:
     }
     if not any(system == "ceiling" for system, _ in runs):
         return []
-    systems = [
-        s
-        for s in ("vllm", "ceiling", "kvtier", "kvtier-whole", "kvtier-disk", "example")
-        if any(k[0] == s for k in runs)
-    ]
+    systems = [s for s in SERVE_SYSTEMS if any(k[0] == s for k in runs)]
     gainers = [s for s in systems if s not in ("vllm", "ceiling")]
     out = [
         "",

@@ -260,10 +260,11 @@ def test_transfer_configs(tmp_path):
     assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).tiers == tuple(tiers)
     disk = transfer_config("kvtier-disk", paths, 1, 300 << 20, 256)
     assert disk["kv_connector_extra_config"]["tiers"] == [tiers[1]]
-    whole = transfer_config("kvtier-whole", paths, 100 << 20, 300 << 20, 256)
-    extra = whole["kv_connector_extra_config"]
-    assert extra["tiers"] == tiers and ConnectorConfig.from_extra(extra).layerwise is False
-    assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).layerwise is True
+    for system, layerwise in (("kvtier-whole", False), ("kvtier-layerwise", True)):
+        extra = transfer_config(system, paths, 100 << 20, 300 << 20, 256)
+        extra = extra["kv_connector_extra_config"]
+        assert extra["tiers"] == tiers and ConnectorConfig.from_extra(extra).layerwise is layerwise
+    assert ConnectorConfig.from_extra(kv["kv_connector_extra_config"]).layerwise is None
     ex = transfer_config("example", paths, 1, 1, 256)
     assert ex == {
         "kv_connector": "ExampleConnector",
@@ -410,10 +411,13 @@ def test_ratios_against_vllm_alone():
 def test_layer_by_layer_loading_is_held_against_whole_request_loading():
     from dataclasses import replace
 
-    config = ServeBenchConfig(systems=("vllm", "kvtier", "kvtier-whole"), concurrency=(1, 4))
-    p50 = {("vllm", 1): 6000.0, ("kvtier", 1): 1500.0, ("kvtier-whole", 1): 1480.0}
-    p50 |= {("vllm", 4): 9000.0, ("kvtier", 4): 4000.0, ("kvtier-whole", 4): 3000.0}
-    blocked = {("kvtier", 1): 0.5, ("kvtier-whole", 1): 2.0, ("kvtier", 4): 3.0}
+    config = ServeBenchConfig(
+        systems=("vllm", "kvtier-layerwise", "kvtier-whole"), concurrency=(1, 4)
+    )
+    p50 = {("vllm", 1): 6000.0, ("kvtier-layerwise", 1): 1500.0, ("kvtier-whole", 1): 1480.0}
+    p50 |= {("vllm", 4): 9000.0, ("kvtier-layerwise", 4): 4000.0, ("kvtier-whole", 4): 3000.0}
+    blocked = {("kvtier-layerwise", 1): 0.5, ("kvtier-whole", 1): 2.0}
+    blocked[("kvtier-layerwise", 4)] = 3.0
     blocked[("kvtier-whole", 4)] = 2.0
     runs = [
         replace(

@@ -17,10 +17,13 @@ from kvtier.harness.vllm_server import BLOCK_TOKENS, check_chunk_tokens, min_poo
 
 #: Every system, in the order they run: vLLM alone (its prefix cache), vLLM alone with a pool
 #: that holds every token the run creates (the best any tiering could do: the ceiling), kvtier
-#: (host memory then disk), kvtier on the same tiers placing a load the step waits for whole
-#: before the forward instead of layer by layer beside it, kvtier with the disk tier only,
+#: (host memory then disk; layer by layer where its default says), kvtier on the same tiers
+#: with loads and saves layer by layer beside the forward, and whole (a load before the
+#: forward, the saves before the step ends), kvtier with the disk tier only,
 #: vLLM's ExampleConnector (safetensors files on disk).
-SYSTEMS = ("vllm", "ceiling", "kvtier", "kvtier-whole", "kvtier-disk", "example")
+SYSTEMS = (
+    "vllm", "ceiling", "kvtier", "kvtier-layerwise", "kvtier-whole", "kvtier-disk", "example"
+)  # fmt: skip
 #: The systems a run has unless told otherwise.
 DEFAULT_SYSTEMS = ("vllm", "kvtier", "kvtier-disk", "example")
 CEILING = "ceiling"
@@ -429,6 +432,10 @@ def tier_sizes(config: ServeBenchConfig, kv_bytes_per_token: int) -> tuple[int, 
     return dram, disk
 
 
+#: The connector option each layer-by-layer comparison system sets.
+LAYERWISE_OPTION = {"kvtier-layerwise": {"layerwise": True}, "kvtier-whole": {"layerwise": False}}
+
+
 def kvtier_transfer_config(
     tiers: list[str], chunk_tokens: int, records: Path | None = None, **options: Any
 ) -> dict[str, Any]:
@@ -476,7 +483,7 @@ def transfer_config(
     """The ``--kv-transfer-config`` of ``system`` (None for vLLM alone and the ceiling)."""
     if system in ("vllm", CEILING):
         return None
-    if system in ("kvtier", "kvtier-whole"):
+    if system in ("kvtier", "kvtier-layerwise", "kvtier-whole"):
         return kvtier_transfer_config(
             [
                 f"slab://{paths.shm}?size={_mib(dram)}&name=dram",
@@ -484,7 +491,7 @@ def transfer_config(
             ],
             chunk_tokens,
             paths.records,
-            **({"layerwise": False} if system == "kvtier-whole" else {}),
+            **LAYERWISE_OPTION.get(system, {}),
         )
     if system == "kvtier-disk":
         disk_only = [f"slab://{paths.disk}?size={_mib(disk)}&name=disk"]

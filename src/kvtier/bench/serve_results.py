@@ -355,7 +355,7 @@ class ServeReport:
                     )
                 )
         out.extend(t for c in self.config.concurrency if (t := self._ceiling_target(c)))
-        if {"kvtier", "kvtier-whole"} <= set(self.config.systems):
+        if {"kvtier-layerwise", "kvtier-whole"} <= set(self.config.systems):
             out.extend(t for c in self.config.concurrency for t in self._layerwise_targets(c))
         for c in self.config.concurrency:
             if {"kvtier-disk", "example"} <= set(self.config.systems):
@@ -407,9 +407,11 @@ class ServeReport:
             return []
         a, b = layer.cache.kvtier_forward_blocked_s, whole.cache.kvtier_forward_blocked_s
         blocked = _ratio(a, b)
-        ttft = _ratio(self.p50("kvtier", concurrency), self.p50("kvtier-whole", concurrency))
+        ttft = _ratio(
+            self.p50("kvtier-layerwise", concurrency), self.p50("kvtier-whole", concurrency)
+        )
         pair = _pair(
-            self.p50("kvtier", concurrency), self.p50("kvtier-whole", concurrency),
+            self.p50("kvtier-layerwise", concurrency), self.p50("kvtier-whole", concurrency),
             "layer by layer", "whole",
         )  # fmt: skip
         return [

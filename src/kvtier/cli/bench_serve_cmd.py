@@ -68,8 +68,8 @@ def serve(
         str,
         typer.Option(
             help="Systems, comma-separated: vllm, ceiling (also called oracle: vLLM with a "
-            "pool that holds everything the run creates), kvtier, kvtier-whole (loads the "
-            "step waits for placed whole before the forward, not layer by layer), "
+            "pool that holds everything the run creates), kvtier, kvtier-layerwise and "
+            "kvtier-whole (loads and saves layer by layer beside the forward, or whole), "
             "kvtier-disk, example."
         ),
     ] = "vllm,kvtier,kvtier-disk,example",

@@ -74,3 +74,15 @@ def test_kv_role_narrows_what_the_connector_does():
     assert consumer.load and not consumer.store
     with pytest.raises(ConfigError, match="kv_role 'kv_router'"):
         base.for_role("kv_router")
+
+
+def test_layer_by_layer_is_on_for_gpu_kv_and_off_on_the_cpu_unless_given():
+    tiers = ["slab:///dev/shm/x?size=1MiB"]
+    auto = ConnectorConfig.from_extra({"tiers": tiers})
+    assert auto.layerwise is None
+    assert auto.resolved(on_gpu=True).layerwise is True
+    assert auto.resolved(on_gpu=False).layerwise is False
+    given = ConnectorConfig.from_extra({"tiers": tiers, "layerwise": True})
+    assert given.resolved(on_gpu=False).layerwise is True
+    with pytest.raises(ConfigError, match="layerwise"):
+        ConnectorConfig.from_extra({"tiers": tiers, "layerwise": "yes"})

@@ -114,8 +114,12 @@ def runs(prompts, tmp_path_factory):
         )
         first = probe(
             {
-                "connector": {"tiers": tiers(0), "records": str(work / "first.jsonl")},
-                # layer by layer (the default), each attention layer's wait checked in-forward
+                "connector": {
+                    "tiers": tiers(0),
+                    "records": str(work / "first.jsonl"),
+                    "layerwise": True,  # off by default on the CPU backend
+                },
+                # layer by layer, each attention layer's wait checked inside the forward
                 "connector_module": "kvtier.harness.layer_check",
                 "connector_class": "LayerCheckedConnector",
                 "prefix_caching": False,

@@ -379,8 +379,8 @@ def test_a_producer_never_loads_stores_every_chunk_and_says_how_many(dirs):
     _host, disk = dirs
     tokens = list(range(6000, 6000 + 2 * CHUNK + 5))
     _on_disk(disk, tokens)  # what it holds already is not loaded: a producer computes
-    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, admit="repeat").for_role("kv_producer")
-    side = SchedulerSide(config, NS, GEOMETRY)
+    config = ConnectorConfig(tiers=dirs, chunk_tokens=CHUNK, admit="repeat", layerwise=True)
+    side = SchedulerSide(config.for_role("kv_producer"), NS, GEOMETRY)
     try:
         req = _request(tokens)
         side.on_new_request(req)

@@ -29,6 +29,7 @@ def open_worker(tmp_path, host_size: str = "8MiB", disk_size: str = "16MiB"):
     config = ConnectorConfig(
         tiers=(f"slab://{host}?size={host_size}", f"slab://{tmp_path}/disk?size={disk_size}"),
         chunk_tokens=CHUNK,
+        layerwise=True,  # the connector's default on GPUs; whole-request tests turn it off
     )
     side = WorkerSide(config, NS, GEOMETRY)
     gen = torch.Generator().manual_seed(0)
@@ -182,7 +183,7 @@ def _stored(side, keys_blocks) -> None:
 
 
 def test_a_waited_for_load_lands_layer_by_layer_and_each_wait_sees_its_layer(worker):
-    """Layer-by-layer (the default): the forward's wait for layer i returns with layer i's
+    """Layer by layer: the forward's wait for layer i returns with layer i's
     blocks in place; the step's end reports no errors and the load as finished in the step."""
     side, caches = worker
     assert side.config.layerwise
@@ -296,7 +297,7 @@ def _load_back(side, key: bytes, into: tuple[int, int]) -> set[int]:
 
 @pytest.mark.parametrize("reported", [(0, 1, 2), (1,), ()])
 def test_saves_copy_each_layer_as_the_forward_reports_it_and_store_the_same_bytes(worker, reported):
-    """Layer by layer (the default): the layers the forward reports are copied on the save
+    """Layer by layer: the layers the forward reports are copied on the save
     thread, the rest after the step; what is stored is the blocks' bytes, whichever way."""
     side, caches = worker
     key = b"s" * 16

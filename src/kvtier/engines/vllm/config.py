@@ -59,10 +59,13 @@ class ConnectorConfig:
     ``model_id``/``fingerprint`` override the namespace's model identity (default: the model
     folder's name and a hash of its weight files). ``tenant`` salts the namespace.
     ``layerwise``: a load the step waits for is read, then placed layer by layer beside the
-    forward, which waits in each attention layer for that layer alone (off: the whole load
-    before the forward starts). ``staging_bytes``: on CUDA, the pinned host ring that chunks
-    pass through between the tiers and GPU memory (at least one chunk; a larger load goes
-    through it in rounds).
+    forward, which waits in each attention layer for that layer alone, and the step's new chunks
+    are copied out layer by layer as the forward finishes each (off: the whole load before the
+    forward starts, the saves before the step ends); unset, on where the KV is in GPU memory
+    (copies run on the copy engines beside the forward) and off on the CPU backend (a copy
+    beside the forward takes cores from it: :meth:`resolved`). ``staging_bytes``: on CUDA,
+    the pinned host ring that chunks pass through between the tiers and GPU memory (at least
+    one chunk; a larger load goes through it in rounds).
     """
 
     tiers: tuple[str, ...] = ()
@@ -84,7 +87,7 @@ class ConnectorConfig:
     load_workers: int = 1
     sync_host: bool = True
     staging_bytes: int = 256 << 20
-    layerwise: bool = True
+    layerwise: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -118,6 +121,12 @@ class ConnectorConfig:
             parent = Path(self.records).expanduser().parent
             if not parent.is_dir():
                 raise ConfigError(f"records: {parent} is not a directory")
+
+    def resolved(self, on_gpu: bool) -> ConnectorConfig:
+        """The config with ``layerwise`` decided: as given, or else on for KV in GPU memory."""
+        from dataclasses import replace
+
+        return self if self.layerwise is not None else replace(self, layerwise=on_gpu)
 
     def for_role(self, kv_role: str | None) -> ConnectorConfig:
         """The config as vLLM's ``kv_role`` narrows it: a producer stores every chunk and never
@@ -177,6 +186,8 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
         if name in ("preload_wait_s", "lookup_ttl_s", "producer_wait_s"):
             return float(value)
+        if name == "layerwise" and value is None:
+            return None
         if name in ("preload", "store", "load", "sync_host", "layerwise"):
             if not isinstance(value, bool):
                 raise ValueError("true or false")

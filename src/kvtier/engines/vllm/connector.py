@@ -46,6 +46,13 @@ if TYPE_CHECKING:
     import torch
 
 
+def _kv_on_gpu() -> bool:
+    """Whether this vLLM keeps its KV cache in accelerator memory (any platform but CPU)."""
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
+
+
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """kvtier's tiered KV cache behind vLLM's KV-connector interface (with vLLM's hybrid
     KV-cache manager: full-attention and sliding-window groups; other kinds are refused)."""
@@ -54,7 +61,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config
         kv_role = getattr(self._kv_transfer_config, "kv_role", None)
-        self.kvtier_config = config = ConnectorConfig.from_extra(extra).for_role(kv_role)
+        config = ConnectorConfig.from_extra(extra).for_role(kv_role)
+        self.kvtier_config = config = config.resolved(on_gpu=_kv_on_gpu())
         geometry = engine_geometry(vllm_config, kv_cache_config)
         groups = KVGroups.of(kv_cache_config)
         namespace = engine_namespace(
@@ -187,7 +195,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """Layer-by-layer loads wait inside the forward, which a CUDA graph cannot replay."""
         try:
-            return ConnectorConfig.from_extra(extra_config).layerwise
+            return bool(ConnectorConfig.from_extra(extra_config).resolved(_kv_on_gpu()).layerwise)
         except Exception:  # a bad config is refused, in one line, when the connector starts
             return True
 

@@ -397,12 +397,10 @@ class ServeReport:
         return out
 
     def _layerwise_targets(self, concurrency: int) -> list[Target]:
-        """Layer-by-layer loading (kvtier) against whole-request loading (kvtier-whole): the
-        seconds forwards waited for KV fall, and TTFT p50 is no worse."""
-        layer, whole = (
-            self.prefix_run("kvtier", concurrency),
-            self.prefix_run("kvtier-whole", concurrency),
-        )
+        """Layer-by-layer loading (kvtier-layerwise) against whole-request loading
+        (kvtier-whole): the seconds forwards waited for KV fall, and TTFT p50 is no worse."""
+        layer = self.prefix_run("kvtier-layerwise", concurrency)
+        whole = self.prefix_run("kvtier-whole", concurrency)
         if layer is None or whole is None:
             return []
         a, b = layer.cache.kvtier_forward_blocked_s, whole.cache.kvtier_forward_blocked_s

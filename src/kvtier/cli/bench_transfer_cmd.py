@@ -24,14 +24,14 @@ def transfer(
     tokens: Annotated[
         int | None,
         typer.Option(
-            help="Tokens moved per measurement [cpu: 2048, cuda: 8192].", show_default=False
+            help="Tokens moved per measurement (cpu: 2048, cuda: 8192).", show_default=False
         ),
     ] = None,
     tiers: Annotated[str, typer.Option(help="Round-trip tiers: memory, slab, file.")] = (
         "memory,slab,file"
     ),
     directory: Annotated[
-        Path | None, typer.Option("--dir", help="Where the disk tiers go [the temp folder].")
+        Path | None, typer.Option("--dir", help="Disk tiers go here (default: the temp folder).")
     ] = None,
     repeat: Annotated[int, typer.Option(help="Timed runs per figure (the median counts).")] = 5,
     staging: Annotated[

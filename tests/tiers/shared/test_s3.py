@@ -115,11 +115,13 @@ def test_closed_port_is_a_clear_error_at_open(credentials, s3_server, monkeypatc
 
 
 def test_ttl_makes_old_objects_misses(s3_env):
-    tier = open_tier(_url(s3_env, path="ttl", ttl=1, timeout=1), NS_A)
+    # S3 times are whole seconds: an object's age reads up to a second more than it is, so a
+    # 1 s TTL could expire an object read back at once; 2 s leaves that second and the read
+    tier = open_tier(_url(s3_env, path="ttl", ttl=2, timeout=1), NS_A)
     key = make_key(1)
     assert tier.put(key, make_payload(key, 0, 100))
     assert tier.contains(key)
-    time.sleep(2.1)  # S3 times are whole seconds
+    time.sleep(3.1)
     assert not tier.contains(key)
     assert tier.get_into(key, np.zeros(100, np.uint8)) is None
     tier.close()

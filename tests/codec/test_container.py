@@ -10,6 +10,7 @@ import pytest
 from kvtier.codec import (
     HEADER_SIZE,
     BlockError,
+    BlockHeader,
     BlockMeta,
     BufferTooSmallError,
     CorruptBlockError,
@@ -20,7 +21,7 @@ from kvtier.codec import (
     unpack_into,
 )
 from kvtier.codec.codecs import get_codec
-from kvtier.codec.container import MAGIC, VERSION
+from kvtier.codec.container import MAGIC, VALUE_OFFSET, VERSION
 
 NS = bytes(range(16))
 OTHER_NS = bytes(range(1, 17))
@@ -203,3 +204,64 @@ def test_a_block_the_codec_cannot_shrink_is_known_raw_before_encoding():
     if native():
         assert stored_raw(noise, coded).codec == "raw"
         assert get_codec("kv").encode(memoryview(noise), "bf16", shape) is None
+
+
+# --- digest kind 1: xxh3 over the header alone, the payload by its digest --------------------
+def _digest_block(payload: bytes) -> tuple[bytes, BlockHeader]:
+    from kvtier.codec.container import header_bytes, seal_digest_header
+    from kvtier.codec.digest import payload_digest
+
+    meta = BlockMeta("bf16", (len(payload) // 2,))
+    zeroed = header_bytes(NS, KEY, meta, 0, len(payload), len(payload), 0, payload_digest(payload))
+    head, checksum = seal_digest_header(zeroed)
+    header = parse_header(head, NS, KEY)
+    assert header.checksum == checksum
+    return head, header
+
+
+def test_digest_kind_block_round_trips_and_verifies() -> None:
+    from kvtier.codec.container import check_digest_header, verify, verify_parts
+
+    payload = bytes(range(256)) * 32
+    head, header = _digest_block(payload)
+    assert header.digest is not None and header.stored_len == len(payload)
+    verify(memoryview(head + payload), header)
+    verify_parts(head, (payload[:1000], payload[1000:]), header)
+    check_digest_header(memoryview(head), header)
+    out = bytearray(len(payload))
+    assert unpack_into(head + payload, out, NS, KEY).digest == header.digest
+    assert bytes(out) == payload
+
+
+def test_digest_kind_block_damage_is_caught() -> None:
+    from kvtier.codec.container import check_digest_header, verify, verify_parts
+
+    payload = bytes(range(256)) * 32
+    head, header = _digest_block(payload)
+    bad = bytearray(payload)
+    bad[100] ^= 4
+    with pytest.raises(CorruptBlockError, match="digest"):
+        verify(memoryview(head + bytes(bad)), header)
+    with pytest.raises(CorruptBlockError, match="digest"):
+        verify_parts(head, (bytes(bad),), header)
+    with pytest.raises(CorruptBlockError, match="truncated"):
+        verify_parts(head, (payload[:-8],), header)
+    worse = bytearray(head)
+    worse[VALUE_OFFSET + 7] ^= 1  # the value field: only the header's own xxh3 covers it
+    with pytest.raises(CorruptBlockError, match="header checksum"):
+        check_digest_header(memoryview(bytes(worse)), parse_header(bytes(worse), NS, KEY))
+
+
+def test_unknown_digest_kind_is_refused() -> None:
+    from kvtier.codec.container import DIGEST_OFFSET
+
+    head, _ = pack_block(NS, KEY, b"abcdefgh")
+    odd = bytearray(head)
+    odd[DIGEST_OFFSET + 8] = 7
+    with pytest.raises(UnsupportedBlockError, match="digest kind"):
+        parse_header(bytes(odd))
+
+
+def test_blocks_without_a_digest_keep_kind_zero() -> None:
+    head, _ = pack_block(NS, KEY, b"abcdefgh" * 8)
+    assert parse_header(head).digest is None

@@ -379,7 +379,7 @@ def test_defaults_equal_the_tier_constructors(pair):
         else:
             assert param.default == f.default, f.name
             kwargs_of_defaults[spec.arg or f.name] = f.default
-    assert set(params) <= {"rescan_full"}  # constructor arguments no URL sets
+    assert set(params) <= {"rescan_full", "device_io"}  # constructor arguments no URL sets
     required = {f.name: spec.example for f, spec in option_fields(cls) if f.default is MISSING}
     options = parse_options(cls, example_url(cls, SCHEMES[cls]))
     assert {
@@ -411,7 +411,8 @@ def test_common_file_options_are_shared():
         "name",
         "codec",
     ]
-    assert [f.name for f, _ in option_fields(PerBlockOptions)] == [*common, "dirsync", "recycle"]
+    per_block = [*common, "dirsync", "recycle", "gds"]
+    assert [f.name for f, _ in option_fields(PerBlockOptions)] == per_block
     assert [f.name for f, _ in option_fields(SlabOptions)] == [*common, "slot", "rescan"]
 
 

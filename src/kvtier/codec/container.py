@@ -3,7 +3,10 @@
 Header: magic ``KVTB``, format version, codec id, dtype code, rank, namespace id (16 B), key (16 B),
 raw length, stored length, xxh3-64 checksum over the header (checksum field zeroed) and the
 payload, up to six shape dimensions, and the block's value (f64 seconds of prefill it saves, an
-eviction hint). No pickle: every field is a fixed-width number.
+eviction hint); then, in what was zero padding, a payload digest and its kind. A block of digest
+kind 1 (written straight from GPU memory) has its xxh3 over the header alone and its payload
+covered by the digest (``kvtier.codec.digest``), which the device that reads it can compute.
+No pickle: every field is a fixed-width number.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import xxhash
 
 from kvtier.codec.codecs import CODECS, RawCodec, get_codec
+from kvtier.codec.digest import payload_digest
 from kvtier.codec.errors import (  # the errors are re-exported from here too
     BlockError,  # noqa: F401
     BufferTooSmallError,
@@ -29,6 +33,12 @@ MAX_RANK = 6
 _FMT = struct.Struct("<4sHBBB3x16s16sQQQ6Id")
 CHECKSUM_OFFSET = 4 + 2 + 1 + 1 + 1 + 3 + 16 + 16 + 8 + 8
 _PAD = b"\x00" * (HEADER_SIZE - _FMT.size)
+#: The payload digest (8 bytes) and its kind (1 byte) after the fixed fields: kind 0 (zero
+#: padding, every block of earlier versions) has no digest and the xxh3 covers the payload.
+_DIGEST = struct.Struct("<QB")
+DIGEST_OFFSET = _FMT.size
+DIGEST_KIND = 1
+_DIGEST_PAD = b"\x00" * (HEADER_SIZE - _FMT.size - _DIGEST.size)
 #: Where the header's fields sit, for code that builds headers from a template (the file tiers'
 #: ring batches): the key, then raw and stored lengths, then the checksum (8 bytes, zero while
 #: it is computed), the shape, and the block's value (f64) last before the zero padding.
@@ -90,6 +100,7 @@ class BlockHeader:
     stored_len: int
     checksum: int
     version: int = VERSION
+    digest: int | None = None  # the payload digest of a kind-1 block (xxh3 over the header only)
 
     @property
     def total_len(self) -> int:
@@ -105,9 +116,12 @@ def header_bytes(
     raw_len: int,
     stored_len: int,
     checksum: int,
+    digest: int | None = None,
 ) -> bytes:
-    """The 128 header bytes of a block (``checksum`` 0 while the checksum is computed)."""
+    """The 128 header bytes of a block (``checksum`` 0 while the checksum is computed);
+    ``digest``: the payload digest of a kind-1 block."""
     shape = tuple(meta.shape) + (0,) * (MAX_RANK - len(meta.shape))
+    tail = _PAD if digest is None else _DIGEST.pack(digest, DIGEST_KIND) + _DIGEST_PAD
     return (
         _FMT.pack(
             MAGIC,
@@ -123,7 +137,7 @@ def header_bytes(
             *shape,
             meta.value,
         )
-        + _PAD
+        + tail
     )
 
 
@@ -180,6 +194,32 @@ def pack_block(
     return header, stored
 
 
+def seal_digest_header(zeroed: bytes) -> tuple[bytes, int]:
+    """A kind-1 header with its checksum field zero, sealed by the xxh3 over the header alone:
+    (the header with that checksum in place, the checksum)."""
+    checksum = xxhash.xxh3_64_intdigest(zeroed)
+    at = CHECKSUM_OFFSET
+    return zeroed[:at] + struct.pack("<Q", checksum) + zeroed[at + 8 :], checksum
+
+
+def check_digest_header(view, header: BlockHeader) -> None:
+    """Check the xxh3 over a kind-1 block's header (its payload is checked by the digest)."""
+    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
+    h.update(b"\x00" * 8)
+    h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])
+    if h.intdigest() != header.checksum:
+        raise CorruptBlockError("block header checksum mismatch")
+
+
+def _check_digest_parts(view, parts, header: BlockHeader) -> None:
+    """Verify a kind-1 block on the host: its header's xxh3 and its payload's digest."""
+    check_digest_header(view, header)
+    chunks = [memoryview(p).cast("B") for p in parts]
+    payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if payload_digest(payload) != header.digest:
+        raise CorruptBlockError("block payload digest mismatch")
+
+
 def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) -> BlockHeader:
     """Parse and validate a header; check namespace and key when given. Raises BlockError."""
     view = memoryview(buf).cast("B")
@@ -189,6 +229,9 @@ def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) 
         _FMT.unpack_from(view)
     )
     shape, value = rest[:MAX_RANK], rest[MAX_RANK]
+    digest, kind = _DIGEST.unpack_from(view, DIGEST_OFFSET)
+    if kind not in (0, DIGEST_KIND):
+        raise UnsupportedBlockError(f"block digest kind {kind} is not known to this kvtier")
     if magic != MAGIC:
         raise CorruptBlockError(f"not a kvtier block (magic {magic!r})")
     if version != VERSION:
@@ -204,13 +247,17 @@ def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) 
     if not value >= 0.0:  # also refuses NaN
         raise CorruptBlockError(f"block header has value {value}")
     meta = BlockMeta(_DTYPE_NAMES[dtype], tuple(shape[:rank]), CODECS[codec_id].name, value)
-    return BlockHeader(ns, k, meta, raw_len, stored_len, checksum, version)
+    digest_or_none = digest if kind == DIGEST_KIND else None
+    return BlockHeader(ns, k, meta, raw_len, stored_len, checksum, version, digest_or_none)
 
 
 def verify(view: memoryview, header: BlockHeader) -> None:
     """Check the stored length and checksum of a whole block (header + payload)."""
     if view.nbytes < header.total_len:
         raise CorruptBlockError(f"block truncated: {view.nbytes} of {header.total_len} bytes")
+    if header.digest is not None:
+        _check_digest_parts(view, (view[HEADER_SIZE : header.total_len],), header)
+        return
     h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
     h.update(b"\x00" * 8)
     h.update(view[CHECKSUM_OFFSET + 8 : header.total_len])
@@ -225,6 +272,12 @@ def verify_parts(header_buf, parts, header: BlockHeader) -> None:
     payload straight into the caller's buffer; raises CorruptBlockError like :func:`verify`.
     """
     view = memoryview(header_buf).cast("B")
+    if header.digest is not None:
+        n = sum(memoryview(p).nbytes for p in parts)
+        if n != header.stored_len:
+            raise CorruptBlockError(f"block truncated: {n} of {header.stored_len} payload bytes")
+        _check_digest_parts(view, parts, header)
+        return
     h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
     h.update(b"\x00" * 8)
     h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
 from kvtier.specs.units import format_bytes
+from kvtier.tiers.files.device_io import require_gds
 from kvtier.tiers.io.buffers import host_memory
 from kvtier.tiers.url import (
     CODEC_CHOICES,
@@ -65,6 +66,18 @@ class PerBlockOptions(FileTierOptions):
 
     dirsync: bool = opt("switch", False, help="fsync the folders of renamed files per batch")
     recycle: bool = opt("switch", True, help="overwrite kept files of departed blocks")
+    gds: bool = opt(
+        "switch",
+        False,
+        help="device reads and writes straight between files and GPU memory (GPUDirect "
+        "Storage, through kvikio)",
+    )
+
+    def check(self) -> None:
+        """gds=on is refused where it cannot work (no CUDA device, no kvikio)."""
+        super().check()
+        if self.gds:
+            require_gds()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ here pays per-block file work (open, a lease check, a rename) that ``slab://`` d
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -42,11 +43,21 @@ from kvtier.codec import (
     BlockError,
     BlockHeader,
     BlockMeta,
+    BufferTooSmallError,
     CorruptBlockError,
+    RawCodec,
     pack_block,
     parse_header,
 )
-from kvtier.codec.container import CHECKSUM_OFFSET, Encoded
+from kvtier.codec.container import (
+    CHECKSUM_OFFSET,
+    Encoded,
+    check_digest_header,
+    header_bytes,
+    seal_digest_header,
+)
+from kvtier.codec.digest import tensor_digest
+from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.blockfile import (
     KnownHeader,
@@ -57,6 +68,7 @@ from kvtier.tiers.files.blockfile import (
     plan_read,
     plan_write,
 )
+from kvtier.tiers.files.device_io import DeviceFileIO, KvikioFileIO
 from kvtier.tiers.files.freefiles import FreeFiles, sole_opener, unlink
 from kvtier.tiers.files.options import PerBlockOptions
 from kvtier.tiers.io import batch as _short
@@ -118,10 +130,17 @@ class DiskTier(FileTier):
         *,
         recycle: bool = True,
         dirsync: bool = False,
+        gds: bool = False,
+        device_io: DeviceFileIO | None = None,
         **common: Any,
     ):
-        """``common``: the options of every file tier (see :class:`FileTier`)."""
+        """``common``: the options of every file tier (see :class:`FileTier`). ``gds``: the
+        device verbs move GPU memory through kvikio; ``device_io``: what moves their bytes
+        instead (e.g. :class:`~kvtier.tiers.files.device_io.PosixFileIO` for CPU tensors)."""
+        if gds and device_io is None:
+            device_io = KvikioFileIO()  # refuses in one line where GDS cannot work
         super().__init__(namespace, directory, capacity, **common)
+        self.device_io = device_io
         self.dirsync = dirsync
         self.recycle = recycle
         self._dirs: set[str] = set()
@@ -326,7 +345,8 @@ class DiskTier(FileTier):
                     entry.raw = header.meta.codec == "raw"
                     if entry.known is not known:
                         entry.known = known
-                        entry.fast = _known(known[0], header) if entry.raw else None
+                        fast = entry.raw and header.digest is None  # the ring checks xxh3 only
+                        entry.fast = _known(known[0], header) if fast else None
                     self.ledger.touch(read.key)
         return header
 
@@ -560,6 +580,102 @@ class DiskTier(FileTier):
     def _ring_written(self, key: bytes, state: tuple[_Write, int], res: int) -> bool:
         return self._publish(*state, res)
 
+    # --- device verbs: payloads straight between files and tensors (gds=on) ------------------
+    def read_device(
+        self, keys: Sequence[bytes], outs: Sequence[Any]
+    ) -> list[BlockHeader | BlockError | None]:
+        """Read blocks straight into tensors (GPU memory with ``gds=on``), each verified where
+        it landed: the header's xxh3 on the host, the payload's digest on the tensor's device.
+        None: a miss, or a block only the host path serves (coded, or stored without a digest
+        by ``put_many``): read those with :meth:`get_many_into`."""
+        io = self._device_io()
+        results: list[BlockHeader | BlockError | None] = []
+        for key, out in zip(keys, outs, strict=True):
+            try:
+                results.append(self._read_device(io, key, out))
+            except BlockError as exc:
+                results.append(exc)
+            except OSError as exc:
+                results.append(BlockIOError(f"reading block {key.hex()} failed: {exc}"))
+        return results
+
+    def write_device(self, items: Sequence[tuple[bytes, Any, BlockMeta]]) -> list[bool]:
+        """Store tensors' bytes straight from their memory (GPU memory with ``gds=on``) as raw
+        blocks of digest kind 1, the digest computed on the tensor's device; what was stored."""
+        io = self._device_io()
+        try:
+            results = [self._write_device(io, key, src, meta) for key, src, meta in items]
+        finally:
+            self._notify_evictions()
+        if self.dirsync:
+            self._sync_dirs(key for (key, _, _), ok in zip(items, results, strict=True) if ok)
+        return results
+
+    def _device_io(self) -> DeviceFileIO:
+        if self.device_io is None:
+            raise ConfigError(f"{self.name}: device reads and writes need gds=on")
+        return self.device_io
+
+    def _read_device(self, io: DeviceFileIO, key: bytes, out: Any) -> BlockHeader | None:
+        path = self.block_path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                head = f.read(HEADER_SIZE)
+        except FileNotFoundError:
+            self._forget(key)
+            return None
+        header = parse_header(head, self.namespace, key)
+        if header.digest is None or header.meta.codec != "raw":
+            return None
+        room = out.numel() * out.element_size()
+        if room < header.stored_len:
+            raise BufferTooSmallError(
+                f"buffer of {room} bytes cannot hold a {header.stored_len}-byte block"
+            )
+        check_digest_header(memoryview(head), header)
+        got = io.read(path, out, header.stored_len, PAGE)
+        if got != header.stored_len:
+            raise CorruptBlockError(f"block truncated: {got} of {header.stored_len} payload bytes")
+        landed = out.reshape(-1).view(torch_uint8())[: header.stored_len]
+        if tensor_digest(landed) != header.digest:
+            raise CorruptBlockError("block payload digest mismatch")
+        if key not in self._index:
+            self._adopt(key, file_size(header.stored_len))  # another process wrote it
+        with self._lock:
+            self.ledger.touch(key)
+        return header
+
+    def _write_device(self, io: DeviceFileIO, key: bytes, src: Any, meta: BlockMeta) -> bool:
+        nbytes = src.numel() * src.element_size()
+        if not self._admit(key, nbytes):
+            return False
+        meta = meta.with_codec(RawCodec.name)
+        digest = tensor_digest(src)
+        zeroed = header_bytes(self.namespace, key, meta, RawCodec.id, nbytes, nbytes, 0, digest)
+        head, _ = seal_digest_header(zeroed)
+        size = file_size(nbytes)
+        opened = self._reserve(key, size)
+        if opened is None:
+            return False
+        fd, tmp = opened
+        write = _Write(key, fd, tmp, True, None, meta.value)  # type: ignore[arg-type]
+        page = self._pool.take(PAGE)
+        try:
+            page[:HEADER_SIZE] = np.frombuffer(head, np.uint8)
+            page[HEADER_SIZE:PAGE] = 0
+            res = os.pwrite(fd, memoryview(page)[:PAGE], 0)
+            if res == PAGE:
+                got = io.write(tmp, src, nbytes, PAGE)
+                os.ftruncate(fd, size)
+                if self.sync:
+                    os.fdatasync(fd)
+                res = size if got == nbytes else -errno.EIO
+        except OSError as exc:
+            res = -(exc.errno or errno.EIO)
+        finally:
+            self._pool.give(page)
+        return self._publish(write, size, res)
+
     # --- internals: leaving blocks -----------------------------------------------------------
     def _drop(self, key: bytes, entry: _Entry, size: int) -> None:
         """A block left the books: its file is kept for reuse, or removed."""
@@ -585,6 +701,13 @@ def _written(namespace: bytes, key: bytes, head: bytes, meta: BlockMeta, stored:
         return _known(head, parse_header(head, namespace, key))
     checksum = int.from_bytes(head[CHECKSUM_OFFSET : CHECKSUM_OFFSET + 8], "little")
     return _known(head, BlockHeader(namespace, key, meta, stored, stored, checksum))
+
+
+def torch_uint8() -> Any:
+    """torch.uint8, imported where a device verb first needs it (the tier serves without torch)."""
+    import torch
+
+    return torch.uint8
 
 
 def _scandir(path) -> list[os.DirEntry]:

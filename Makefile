@@ -63,7 +63,8 @@ system-deps:
 gpu-wheels: $(VENV)/.core
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-		"zstandard==$$($(BIN)/python -c 'import zstandard; print(zstandard.__version__)')"
+		"zstandard==$$($(BIN)/python -c 'import zstandard; print(zstandard.__version__)')" \
+		"kvikio-cu13==26.10.0" "libkvikio-cu13==26.10.0"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -11,7 +11,11 @@ preset's geometry and measures, against references taken in the same run:
 - **overlap**: a stand-in forward (per layer, matmuls of the model's hidden size over enough
   tokens to take about as long as that layer's load) alone and while a full load runs beside
   it; then the forward waiting for each layer of a load-per-layer, against waiting for the whole
-  load first: when the first and the last layer became usable, and the total.
+  load first: when the first and the last layer became usable, and the total;
+- **file reads and writes, staged and straight**: chunks in a ``file://`` tier read into the
+  device through host memory (the tier's host path, then a copy) and straight into device
+  memory (the tier's device verbs: GPUDirect Storage through kvikio on CUDA, with kvikio's mode
+  recorded; POSIX reads into the tensors on CPU), and written both ways, bit-exact checked.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ from kvtier.engines.transfer import LoadProgress, Placement, open_transfer_engin
 from kvtier.errors import ConfigError
 from kvtier.specs.host import cpu_description
 from kvtier.specs.model import get_model
+from kvtier.tiers.files.device_io import (
+    DeviceFileIO,
+    KvikioFileIO,
+    PosixFileIO,
+    compat_mode,
+    require_gds,
+)
+from kvtier.tiers.files.per_block import DiskTier
 from kvtier.tiers.registry import open_tier
 
 TIERS = ("memory", "slab", "file")
@@ -95,6 +107,7 @@ class TransferReport:
     copies: dict[str, dict[str, float]] = field(default_factory=dict)
     overlap: dict[str, float] = field(default_factory=dict)
     gds: dict[str, Any] = field(default_factory=dict)
+    file_io: dict[str, Any] = field(default_factory=dict)
 
 
 def _sync(device: torch.device) -> None:
@@ -143,13 +156,15 @@ def _tier_url(kind: str, directory: Path, chunk_bytes: int, chunks: int) -> str:
     return f"{kind}://{directory / kind}?size={size}"
 
 
-def gds_status() -> dict[str, Any]:
+def gds_status(device: torch.device | None = None) -> dict[str, Any]:
     """Whether GPUDirect Storage is usable here (through kvikio) and in which mode."""
+    if device is not None and device.type != "cuda":
+        return {"available": False, "reason": "the KV is in host memory (no GPU to read into)"}
     try:
-        import kvikio.defaults  # type: ignore[import-not-found]
-    except ImportError:
-        return {"available": False, "reason": "kvikio is not installed"}
-    return {"available": True, "compat_mode": str(kvikio.defaults.compat_mode())}
+        require_gds()
+    except ConfigError as exc:
+        return {"available": False, "reason": str(exc)}
+    return {"available": True, "compat_mode": compat_mode()}
 
 
 def run_transfer_bench(
@@ -172,7 +187,7 @@ def run_transfer_bench(
             },
             device_name=_device_name(device),
             chunk_bytes=engine.chunk_bytes,
-            gds=gds_status(),
+            gds=gds_status(device),
         )
         report.config["pool_bytes"] = shape.nbytes
         src = _placements(config, shape.layers, 1)
@@ -180,6 +195,7 @@ def run_transfer_bench(
         _round_trips(config, engine, views, src, dst, report, on_step)
         _copies(config, engine, device, src, dst, report, on_step)
         _overlap(config, engine, device, views, src, dst, report, on_step)
+        _file_io(config, engine, device, src, report, on_step)
         return report
     finally:
         engine.close()
@@ -399,6 +415,81 @@ def _overlap(config, engine, device, views, src, dst, report, on_step) -> None:
         "last_layer_usable_s": med(lasts),
         "total_layerwise_s": med(totals_layer),
         "total_whole_s": med(totals_whole),
+    }
+
+
+def _device_io(device: torch.device, gds: dict[str, Any]) -> DeviceFileIO | None:
+    """What moves bytes straight between files and the KV's memory here (None: nothing)."""
+    if device.type == "cpu":
+        return PosixFileIO()
+    return KvikioFileIO() if gds.get("available") else None
+
+
+def _file_io(config, engine, device, src, report, on_step) -> None:
+    """Chunks written to and read from a ``file://`` tier through host memory (staged) and
+    straight between the file and the KV's memory (the tier's device verbs)."""
+    io = _device_io(device, report.gds)
+    if io is None:
+        report.file_io = {"skipped": report.gds["reason"]}
+        return
+    bufs = engine.take_buffers(len(src))
+    n = len(bufs)
+    nbytes = n * engine.chunk_bytes
+    meta = BlockMeta(dtype="bf16")
+    try:
+        engine.to_host(src[:n], bufs)
+        hosts = [torch.from_numpy(np.asarray(b).view(np.uint8)) for b in bufs]
+        chunks = [h.to(device, copy=True) for h in hosts]
+        outs = [torch.empty_like(c) for c in chunks]
+        with tempfile.TemporaryDirectory(dir=config.directory) as tmp:
+            size = 2 * nbytes + (64 << 20)
+            tier = DiskTier(b"g" * 16, Path(tmp), size, codec="raw", device_io=io)
+            try:
+                on_step(f"file reads and writes, staged and straight ({io.name})")
+                keys = [i.to_bytes(16, "little") for i in range(n)]
+
+                def write_staged() -> None:
+                    for h, c in zip(hosts, chunks, strict=True):
+                        h.copy_(c)
+                    tier.put_many([(k, b, meta) for k, b in zip(keys, bufs, strict=True)])
+
+                def write_straight() -> None:
+                    tier.write_device([(k, c, meta) for k, c in zip(keys, chunks, strict=True)])
+
+                def read_staged() -> None:
+                    tier.get_many_into(keys, bufs)
+                    for h, o in zip(hosts, outs, strict=True):
+                        o.copy_(h)
+
+                def read_straight() -> None:
+                    tier.read_device(keys, outs)
+
+                r = config.repeats
+                w_staged, w_straight = (
+                    _best(write_staged, device, r),
+                    _best(write_straight, device, r),
+                )
+                r_staged = _best(read_staged, device, r)
+                exact_staged = all(torch.equal(o, c) for o, c in zip(outs, chunks, strict=True))
+                for o in outs:
+                    o.zero_()
+                r_straight = _best(read_straight, device, r)
+                exact_straight = all(torch.equal(o, c) for o, c in zip(outs, chunks, strict=True))
+                direct = tier.direct
+            finally:
+                tier.close()
+    finally:
+        engine.give_buffers(bufs)
+    report.file_io = {
+        **io.describe(),
+        "chunks": n,
+        "bytes": nbytes,
+        "tier_o_direct": direct,
+        "write_staged_gbps": nbytes / w_staged / 1e9,
+        "write_straight_gbps": nbytes / w_straight / 1e9,
+        "read_staged_gbps": nbytes / r_staged / 1e9,
+        "read_straight_gbps": nbytes / r_straight / 1e9,
+        "exact": bool(exact_staged and exact_straight),
     }
 
 

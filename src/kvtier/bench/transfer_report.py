@@ -24,7 +24,7 @@ def transfer_document(report: TransferReport, command: str, date: str) -> dict[s
         "command": command,
         **asdict(report),
     }
-    exact = all(r["exact"] for r in report.round_trips)
+    exact = all(r["exact"] for r in report.round_trips) and report.file_io.get("exact", True)
     doc["targets"] = {"round_trips_exact": exact}
     if report.config["device"] != "cpu":
         doc["targets"].update(
@@ -90,6 +90,21 @@ def render_transfer(report: TransferReport, out: Console) -> None:
         "GPUDirect Storage: "
         + (f"kvikio, compat mode {gds['compat_mode']}" if gds.get("available") else gds["reason"])
     )
+    f = report.file_io
+    if "skipped" in f:
+        out.print(f"file reads and writes, staged and straight: skipped ({f['skipped']})")
+        return
+    files = Table(
+        title=f"file:// tier, {f['chunks']} chunks: through host memory (staged) and straight "
+        f"({f['library']}, compat mode {f['compat_mode']})"
+    )
+    for col in ("direction", "staged GB/s", "straight GB/s", "straight ÷ staged"):
+        files.add_column(col, justify="right")
+    for way in ("read", "write"):
+        staged, straight = f[f"{way}_staged_gbps"], f[f"{way}_straight_gbps"]
+        files.add_row(way, f"{staged:.2f}", f"{straight:.2f}", f"{straight / staged:.2f}×")
+    out.print(files)
+    out.print("bit-exact both ways: " + ("yes" if f["exact"] else "[red]NO[/]"))
 
 
 __all__ = ["COPY_TARGET", "SLOWDOWN_TARGET", "render_transfer", "transfer_document"]

@@ -66,7 +66,7 @@ class PosixFileIO:
             os.close(fd)
 
     def describe(self) -> dict[str, Any]:
-        return {"library": "posix", "compat_mode": "n/a"}
+        return {"library": "posix, buffered", "compat_mode": "n/a"}
 
 
 class KvikioFileIO:

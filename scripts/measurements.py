@@ -824,6 +824,9 @@ def render_reload(reports: list[Report]) -> list[str]:
     return [*out, ""]
 
 
+FILE_IO_FIGURES = ("read_staged", "read_straight", "write_staged", "write_straight")
+
+
 def render_transfer(reports: list[Report]) -> list[str]:
     """The page of ``transfer``: the transfer engine's round trips, copies and overlap."""
     out = [
@@ -865,6 +868,27 @@ def render_transfer(reports: list[Report]) -> list[str]:
             for r in reports
         })
     ) + ".", ""]  # fmt: skip
+    files = [r for r in reports if r.doc.get("file_io") and "skipped" not in r.doc["file_io"]]
+    if files:
+        out += [
+            "File reads and writes of a `file://` tier's chunks, GB/s: straight between the file "
+            "and the KV's memory (the tier's device verbs: kvikio on CUDA; on CPU, POSIX reads "
+            "into the tensors, through the page cache) and staged through host memory (the "
+            "tier's host path, O_DIRECT where the filesystem takes it, and a copy).",
+            "",
+            "| report | device | I/O, compat mode | MiB | read staged | read straight "
+            "| write staged | write straight | bit-exact |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for r in files:
+            f = r.doc["file_io"]
+            out.append(
+                f"| `{shown(r.path, PAGES)}` | {r.doc['config']['device']} | {f['library']}, "
+                f"{f['compat_mode']} | {f['bytes'] / 2**20:.0f} | "
+                + " | ".join(f"{f[f'{k}_gbps']:.2f}" for k in FILE_IO_FIGURES)
+                + f" | {'yes' if f['exact'] else 'NO'} |"
+            )
+        out.append("")
     return out
 
 

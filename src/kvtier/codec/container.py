@@ -202,6 +202,13 @@ def seal_digest_header(zeroed: bytes) -> tuple[bytes, int]:
     return zeroed[:at] + struct.pack("<Q", checksum) + zeroed[at + 8 :], checksum
 
 
+def digest_header(namespace: bytes, key: bytes, meta: BlockMeta, nbytes: int, digest: int) -> bytes:
+    """The sealed header of a raw block of digest kind 1 (``digest``: its payload's)."""
+    meta = meta.with_codec(RawCodec.name)
+    zeroed = header_bytes(namespace, key, meta, RawCodec.id, nbytes, nbytes, 0, digest)
+    return seal_digest_header(zeroed)[0]
+
+
 def check_digest_header(view, header: BlockHeader) -> None:
     """Check the xxh3 over a kind-1 block's header (its payload is checked by the digest)."""
     h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])

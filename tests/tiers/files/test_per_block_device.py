@@ -58,13 +58,36 @@ def test_host_path_reads_device_written_blocks(tier) -> None:
     assert bytes(single) == bytes(srcs[0].view(torch.uint8).numpy())
 
 
-def test_blocks_stored_by_the_host_path_are_left_to_it(tier) -> None:
-    key = make_key(1)
+def test_host_path_stores_blocks_the_device_verbs_read(tier) -> None:
+    keys = [make_key(i) for i in range(3)]
+    srcs = [chunk(i) for i in range(3)]
+    assert tier.put(keys[0], srcs[0].view(torch.uint8).numpy(), META)
+    items = [(k, s.view(torch.uint8).numpy(), META) for k, s in zip(keys, srcs, strict=True)]
+    assert tier.put_many(items[1:]) == [True, True]
+    outs = [torch.empty_like(s) for s in srcs]
+    headers = tier.read_device(keys, outs)
+    assert all(h is not None and h.digest is not None for h in headers)
+    for s, o in zip(srcs, outs, strict=True):
+        assert torch.equal(o.view(torch.int16), s.view(torch.int16))
+    assert tier.read_device([make_key(99)], [outs[0]]) == [None]  # a miss
+
+
+def test_blocks_without_a_digest_are_left_to_the_host_path(tmp_path) -> None:
+    plain = DiskTier(NS_A, tmp_path, 1 << 20)  # codec kv, no digest: what a gds=0 tier wrote
+    keys = [make_key(1), make_key(2)]
     src = chunk(1)
-    assert tier.put(key, src.view(torch.uint8).numpy(), META)
-    out = torch.empty_like(src)
-    assert tier.read_device([key], [out]) == [None]
-    assert tier.read_device([make_key(99)], [out]) == [None]  # a miss
+    assert plain.put(keys[0], src.view(torch.uint8).numpy(), META)
+    assert plain.put(keys[1], src.view(torch.uint8).numpy(), BlockMeta("bf16", codec="raw"))
+    plain.close()
+    device = DiskTier(NS_A, tmp_path, 1 << 20, device_io=PosixFileIO())
+    try:
+        out = torch.empty_like(src)
+        assert device.read_device(keys, [out, out]) == [None, None]
+        host = aligned_array(src.numel() * 2)
+        assert device.get_into(keys[0], host) is not None  # still served, by the host path
+        assert bytes(host) == bytes(src.view(torch.uint8).numpy())
+    finally:
+        device.close()
 
 
 def test_damaged_payload_is_an_error_never_data(tier) -> None:

@@ -53,10 +53,9 @@ from kvtier.codec.container import (
     CHECKSUM_OFFSET,
     Encoded,
     check_digest_header,
-    header_bytes,
-    seal_digest_header,
+    digest_header,
 )
-from kvtier.codec.digest import tensor_digest
+from kvtier.codec.digest import payload_digest, tensor_digest
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.blockfile import (
@@ -139,6 +138,8 @@ class DiskTier(FileTier):
         instead (e.g. :class:`~kvtier.tiers.files.device_io.PosixFileIO` for CPU tensors)."""
         if gds and device_io is None:
             device_io = KvikioFileIO()  # refuses in one line where GDS cannot work
+        if device_io is not None:
+            common["codec"] = "raw"  # a GPU reads payloads as they are: nothing to decode
         super().__init__(namespace, directory, capacity, **common)
         self.device_io = device_io
         self.dirsync = dirsync
@@ -222,7 +223,7 @@ class DiskTier(FileTier):
         results = [False] * len(items)
         try:
             todo: Sequence[int] = range(len(items))
-            if len(items) > 1:
+            if len(items) > 1 and self.device_io is None:  # the ring's headers have no digest
                 todo = self._ring_writes(items, results)
             self._write_batch(
                 items, todo, self._open_write, self._finish_write, results, inline=True
@@ -490,7 +491,12 @@ class DiskTier(FileTier):
     ) -> tuple[_Write, IOOp] | None:
         if not self._admit(key, memoryview(payload).nbytes):
             return None
-        header, stored = pack_block(self.namespace, key, payload, meta, encoded)
+        if self.device_io is not None and encoded is None and meta.codec == RawCodec.name:
+            stored = memoryview(payload).cast("B")  # a block the device verbs can read
+            digest = payload_digest(stored)
+            header = digest_header(self.namespace, key, meta, stored.nbytes, digest)
+        else:
+            header, stored = pack_block(self.namespace, key, payload, meta, encoded)
         plan = plan_write(header, stored, self._pool, direct=self.direct)
         opened = self._reserve(key, plan.size)
         if opened is None:
@@ -498,7 +504,8 @@ class DiskTier(FileTier):
             return None
         fd, tmp = opened
         raw = meta.codec == "raw"
-        fast = _written(self.namespace, key, header, meta, stored.nbytes) if raw else None
+        ring = raw and self.device_io is None  # the ring checks a block's xxh3 only
+        fast = _written(self.namespace, key, header, meta, stored.nbytes) if ring else None
         write = _Write(key, fd, tmp, raw, plan, meta.value, fast)
         return write, IOOp(fd, plan.bufs, write=True)
 
@@ -627,6 +634,7 @@ class DiskTier(FileTier):
         header = parse_header(head, self.namespace, key)
         if header.digest is None or header.meta.codec != "raw":
             return None
+        out = as_tensor(out)
         room = out.numel() * out.element_size()
         if room < header.stored_len:
             raise BufferTooSmallError(
@@ -650,9 +658,7 @@ class DiskTier(FileTier):
         if not self._admit(key, nbytes):
             return False
         meta = meta.with_codec(RawCodec.name)
-        digest = tensor_digest(src)
-        zeroed = header_bytes(self.namespace, key, meta, RawCodec.id, nbytes, nbytes, 0, digest)
-        head, _ = seal_digest_header(zeroed)
+        head = digest_header(self.namespace, key, meta, nbytes, tensor_digest(src))
         size = file_size(nbytes)
         opened = self._reserve(key, size)
         if opened is None:
@@ -708,6 +714,13 @@ def torch_uint8() -> Any:
     import torch
 
     return torch.uint8
+
+
+def as_tensor(buf: Any) -> Any:
+    """``buf`` as a torch tensor (a host buffer shares its memory)."""
+    import torch
+
+    return buf if isinstance(buf, torch.Tensor) else torch.from_numpy(np.asarray(buf))
 
 
 def _scandir(path) -> list[os.DirEntry]:

@@ -84,3 +84,32 @@ def test_each_layer_is_usable_once_waited_for_and_not_written_into_the_null_bloc
         assert same
     assert torch.equal(_bytes(dst[1], 0), before)
     out.give_buffers(bufs)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["LBNHC", "BHLNC"])
+def test_chunks_already_on_the_gpu_are_scattered_beside_host_ones(layout):
+    """What a read straight into GPU memory (GPUDirect Storage) hands the engine."""
+    from kvtier.engines.transfer import open_transfer_engine
+
+    _, src = paged_kv(SHAPE, layout, "cuda", seed=3)
+    _, dst = paged_kv(SHAPE, layout, "cuda", seed=4)
+    chunk = PagedKV.of(src, 16).chunk_bytes(2)
+    out = open_transfer_engine(src, 16, 32, ring_bytes=4 * chunk)
+    into = open_transfer_engine(dst, 16, 32, ring_bytes=4 * chunk)
+    places = [Placement.same([1 + 2 * c, 2 + 2 * c], 4) for c in range(4)]
+    targets = [Placement.same([31 - 2 * c, 32 - 2 * c], 4) for c in range(4)]
+    host = [bytearray(chunk) for _ in places]
+    out.to_host(places, host)
+    mixed = [
+        torch.frombuffer(h, dtype=torch.uint8).to("cuda") if c % 2 == 0 else h
+        for c, h in enumerate(host)
+    ]
+    progress = LoadProgress(4)
+    into.to_device(targets, mixed, progress, layerwise=True)
+    progress.wait()
+    torch.cuda.synchronize()
+    for layer in range(4):
+        for a, b in zip(places, targets, strict=True):
+            for x, y in zip(a.ids_by_layer[layer], b.ids_by_layer[layer], strict=True):
+                assert torch.equal(_bytes(src[layer], x), _bytes(dst[layer], y))

@@ -376,3 +376,79 @@ def test_a_long_waited_for_load_is_read_in_two_halves_and_placed_whole(tmp_path)
     finally:
         side.close()
         shutil.rmtree(host, ignore_errors=True)
+
+
+# --- loads straight into the engine's memory (file://…&gds=1) ----------------------------------
+def open_straight_worker(tmp_path, layerwise: bool):
+    """A worker over one file:// tier whose device verbs move bytes over POSIX: what gds=1
+    does with kvikio on a GPU, here into the CPU KV."""
+    from kvtier.tiers.files.device_io import PosixFileIO
+
+    config = ConnectorConfig(
+        tiers=(f"file://{tmp_path}/disk?size=16MiB&codec=raw",),
+        chunk_tokens=CHUNK,
+        layerwise=layerwise,
+    )
+    side = WorkerSide(config, NS, GEOMETRY)
+    tier = side.cache.tiers[0]
+    tier.device_io = PosixFileIO()
+    reads: list[int] = []
+    real = tier.read_device
+
+    def counted(keys, outs):
+        reads.append(len(keys))
+        return real(keys, outs)
+
+    tier.read_device = counted
+    gen = torch.Generator().manual_seed(5)
+    caches = [torch.randn(12, 2, 16, 16, generator=gen).to(torch.bfloat16) for _ in range(3)]
+    side.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
+    return side, caches, tier, reads
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_a_tier_that_reads_into_device_memory_serves_loads_straight(tmp_path, layerwise):
+    side, caches, tier, reads = open_straight_worker(tmp_path, layerwise)
+    try:
+        a, b = b"a" * 16, b"b" * 16
+        _stored(side, [(a, (1, 2)), (b, (3, 4))])
+        assert tier.read_device([a], [torch.empty(side.chunk_bytes, dtype=torch.uint8)])[0]
+        reads.clear()
+        job = LoadJob("r", (ChunkLoad(a, (8, 9)), ChunkLoad(b, (10, 11))), (0, 0), sync=True)
+        side.bind(KVTierMetadata(loads=[job]))
+        side.start_load_kv()
+        for i in range(3):
+            side.wait_for_layer_load(f"model.layers.{i}.self_attn.attn")
+        side.wait_for_save()
+        side.unbind()
+        assert side.take_errors() == set()
+        assert reads == [2]  # both chunks read straight, none through the host path
+        for layer in caches:
+            for dst, src in ((8, 1), (9, 2), (10, 3), (11, 4)):
+                assert torch.equal(layer[dst].view(torch.int16), layer[src].view(torch.int16))
+    finally:
+        side.close()
+
+
+def test_a_damaged_block_read_straight_is_a_load_error_and_leaves_the_tier(tmp_path):
+    side, caches, tier, _ = open_straight_worker(tmp_path, layerwise=True)
+    try:
+        a, b = b"a" * 16, b"b" * 16
+        _stored(side, [(a, (1, 2)), (b, (3, 4))])
+        with open(tier.block_path(b), "r+b") as f:
+            f.seek(4096 + 100)
+            byte = f.read(1)[0]
+            f.seek(4096 + 100)
+            f.write(bytes([byte ^ 0x40]))
+        job = LoadJob("r", (ChunkLoad(a, (8, 9)), ChunkLoad(b, (10, 11))), (0, 0), sync=True)
+        side.bind(KVTierMetadata(loads=[job]))
+        side.start_load_kv()
+        side.wait_for_save()
+        side.unbind()
+        assert side.take_errors() == {10, 11}  # the damaged chunk's blocks: vLLM recomputes
+        for dst, src in ((8, 1), (9, 2)):
+            assert torch.equal(caches[0][dst].view(torch.int16), caches[0][src].view(torch.int16))
+        assert side.flush(10)
+        assert tier.contains_many([a, b]) == [True, False]  # deleted, a miss from now on
+    finally:
+        side.close()

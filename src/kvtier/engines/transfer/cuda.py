@@ -9,6 +9,8 @@ forward waits per layer) and each layer is scattered into its blocks by one ``in
 launch; an event per layer lets :class:`~kvtier.engines.transfer.progress.LoadProgress` make
 the compute stream wait for exactly that layer. The host only ever waits for these streams'
 events, never for the compute stream. A load larger than the ring goes through it in rounds.
+Chunks already in device memory (read there straight from a file, GPUDirect Storage) skip the
+ring: they are stacked into the scratch on the same stream and scattered the same way.
 """
 
 from __future__ import annotations
@@ -208,10 +210,14 @@ class CudaTransfer:
     ) -> None:
         """Copy chunks to the device and scatter them layer by layer, an event per layer.
         ``after``: a CUDA event the scatter waits for on the GPU (the compute stream's work
-        on these blocks, e.g. vLLM zeroing them); returns once the host buffers are free."""
+        on these blocks, e.g. vLLM zeroing them); returns once the host buffers are free.
+        A chunk may also be a CUDA tensor already on this device (read there straight)."""
         for place in places:
             check_placement(self.kv, self.blocks_per_chunk, place)
         try:
+            resident = [i for i, c in enumerate(chunks[: len(places)]) if _on_device(c)]
+            if resident:
+                places, chunks = self._place_resident(places, chunks, resident, progress, after)
             done = 0
             while done < len(places):
                 slots, lent = self._slots_for(chunks[done:], len(places) - done)
@@ -268,11 +274,71 @@ class CudaTransfer:
             copied.record(self._h2d)
         return copied
 
+    def _place_resident(
+        self,
+        places: Sequence[Placement],
+        chunks: Sequence[Any],
+        resident: list[int],
+        progress: LoadProgress | None,
+        after: Any,
+    ) -> tuple[list[Placement], list[Any]]:
+        """Scatter the chunks already in device memory; the places and chunks left."""
+        taken = set(resident)
+        rest = [i for i in range(len(places)) if i not in taken]
+        copied = self._load_resident(
+            [places[i] for i in resident],
+            [chunks[i] for i in resident],
+            progress if not rest else None,  # the last batch marks the layers
+            after,
+        )
+        copied.synchronize()  # the resident chunks may be freed once this returns
+        return [places[i] for i in rest], [chunks[i] for i in rest]
+
+    def _load_resident(
+        self,
+        batch: Sequence[Placement],
+        chunks: Sequence[torch.Tensor],
+        progress: LoadProgress | None,
+        after: Any,
+    ) -> torch.cuda.Event:
+        """Scatter chunks already in device memory; the event after their scatter."""
+        caller = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._h2d):
+            self._h2d.wait_stream(caller)  # whatever wrote the chunks on the caller's stream
+            if after is not None:
+                self._h2d.wait_event(after)
+            flat = [c.reshape(-1).view(torch.uint8)[: self.chunk_bytes] for c in chunks]
+            scratch = torch.stack(flat)
+            self._scatter(scratch, batch, progress)
+            copied = torch.cuda.Event()
+            copied.record(self._h2d)
+        return copied
+
+    def _scatter(
+        self, scratch: torch.Tensor, batch: Sequence[Placement], progress: LoadProgress | None
+    ) -> None:
+        """Each layer of a device scratch of chunks into its blocks (on the current stream),
+        an event per layer in ``progress``."""
+        for layer, view in enumerate(self._views):
+            blocks, chunk, row = self._pairs(batch, layer, skip_null=True)
+            if blocks:
+                rows = self._rows(scratch, layer)
+                view.index_copy_(0, self._ids(blocks), rows[self._ids(chunk), self._ids(row)])
+            if progress is not None:
+                landed = torch.cuda.Event()
+                landed.record(torch.cuda.current_stream(self.device))
+                progress.mark(layer, landed)
+
     def close(self) -> None:
         """Wait for queued copies and drop the streams' work."""
         self._d2h.synchronize()
         self._h2d.synchronize()
         self._views = []
+
+
+def _on_device(chunk: Any) -> bool:
+    """Whether a chunk is a CUDA tensor (not a host buffer)."""
+    return isinstance(chunk, torch.Tensor) and chunk.device.type == "cuda"
 
 
 __all__ = ["CudaTransfer", "StagingRing", "require_cuda"]

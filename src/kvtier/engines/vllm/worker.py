@@ -22,16 +22,17 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from kvtier.cache import Lease, LoadResult
-from kvtier.codec import BlockMeta
+from kvtier.codec import BlockError, BlockHeader, BlockMeta
 from kvtier.engines.transfer import (
     LoadProgress,
     Placement,
@@ -129,6 +130,7 @@ class WorkerSide:
         self.names = self.cache.names
         self.counters = ConnectorCounters(self.cache.metrics)
         self.engine: TransferEngine | None = None  # set when vLLM registers its caches
+        self._straight: tuple[int, Any] | None = None  # a tier that reads into device memory
         self._warm = -(-warm_tokens // self.chunk) if warm_tokens > 0 else 0
         self._meta = BlockMeta(dtype=SHORT_NAMES.get(geometry.dtype, "u8"))
         self._pool = ThreadPoolExecutor(config.load_workers, thread_name_prefix="kvtier-load")
@@ -181,6 +183,7 @@ class WorkerSide:
                 "is not supported"
             )
         self.engine = engine
+        self._straight = straight_tier(self.cache.tiers)
         engine.give_buffers(engine.take_buffers(self._warm))  # mapped and faulted in now
 
     def unregister_kv_caches(self) -> None:
@@ -283,7 +286,7 @@ class WorkerSide:
                         bufs = [np.empty(self.chunk_bytes, np.uint8) for _ in job.chunks]
                     else:
                         step.lent.extend(bufs)
-                    for (loaded, result), (part, into) in self._read_halves(job, bufs):
+                    for (loaded, result, into), part in self._read_halves(job, bufs):
                         done = part.chunks[:loaded]
                         step.places += [self._placement(c.group_ids, c.skip) for c in done]
                         step.bufs += into[:loaded]
@@ -302,14 +305,14 @@ class WorkerSide:
     def _read_halves(self, job: LoadJob, bufs: list[np.ndarray]):
         """Read a load into ``bufs``; a long one as two halves at once (this thread and the
         sync-load thread: reads release the GIL), as a whole load does. Each half's (loaded,
-        result) with (its part of the job, its buffers)."""
+        result, its chunks) with its part of the job."""
         half = len(job.chunks) // 2
         if half < SPLIT_CHUNKS:
-            return [(self._read(job, bufs), (job, bufs))]
+            return [(self._read(job, bufs), job)]
         first, rest = _part(job, 0, half), _part(job, half, len(job.chunks))
         second = self._sync_pool.submit(self._read, rest, bufs[half:])
         got = self._read(first, bufs[:half])
-        return [(got, (first, bufs[:half])), (second.result(), (rest, bufs[half:]))]
+        return [(got, first), (second.result(), rest)]
 
     def _place_layerwise(
         self, jobs: list[tuple[LoadJob, Lease]], step: StepLoad, after, read_s: float
@@ -382,32 +385,38 @@ class WorkerSide:
         self, job: LoadJob, engine: TransferEngine, bufs: list[np.ndarray], after=None
     ) -> list[int]:
         began = time.perf_counter()
-        loaded, result = self._read(job, bufs)
+        loaded, result, chunks = self._read(job, bufs)
         if loaded:
             places = [self._placement(c.group_ids, c.skip) for c in job.chunks[:loaded]]
-            engine.to_device(places, bufs[:loaded], after=after)
+            engine.to_device(places, chunks[:loaded], after=after)
         self.counters.add("measured_load_seconds", time.perf_counter() - began)
         return self._failed(job, loaded, result)
 
-    def _read(self, job: LoadJob, bufs: list[np.ndarray]) -> tuple[int, LoadResult | None]:
-        """Read a load's leading chunks into ``bufs`` and count them; how many were read, and
-        the cache's result (None: it raised)."""
+    def _read(
+        self, job: LoadJob, bufs: list[np.ndarray]
+    ) -> tuple[int, LoadResult | None, list[Any]]:
+        """Read a load's leading chunks and count them: how many were read, the cache's
+        result (None: it raised), and the chunks to place (``bufs``, but for the leading ones
+        a tier read straight into device memory)."""
         keys = self._parts(job)
         if self._announcer is not None:  # its promotions into faster tiers are announced
             self._announcer.expect(keys, [c.blocks for c in job.chunks])
         began = time.perf_counter()
+        chunks: list[Any] = list(bufs)
+        straight = self._read_straight(job, keys, chunks)
         try:
-            result = self.cache.load(keys, bufs, promised=True)
-            loaded = result.loaded
+            result = self.cache.load(keys[straight:], bufs[straight:], promised=True)
+            loaded = straight + result.loaded
         except Exception as exc:  # the cache never raises for a tier; this is a last guard
             log.warning("kvtier load failed (%s); vLLM recomputes", exc)
-            loaded = 0
+            loaded = straight
             result = None
         read_s = time.perf_counter() - began
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
-        if result is not None and loaded:
-            tiers = result.tiers[:loaded]
+        if loaded:
+            rest = result.tiers[: loaded - straight] if result is not None else []
+            tiers = [self._straight[0]] * straight + list(rest) if self._straight else rest
             for t in sorted(set(tiers)):
                 n = tiers.count(t)
                 name = self.names[t]
@@ -423,7 +432,36 @@ class WorkerSide:
                     self.counters.add("tier_hit_tokens", tokens * bs, tier=name)
                 with self._lock:
                     self._report.loads.append((name, nbytes, share, n))
-        return loaded, result
+        return loaded, result, chunks
+
+    def _read_straight(self, job: LoadJob, keys: list[bytes], chunks: list[Any]) -> int:
+        """Read the leading chunks the scheduler found in a tier that reads straight into
+        device memory (``file://…&gds=1``) there, putting them in ``chunks``; how many. A
+        chunk it cannot serve ends the run (the cache's host path reads the rest); a damaged
+        one is deleted from that tier."""
+        if self._straight is None or self.engine is None:
+            return 0
+        index, tier = self._straight
+        run = 0
+        while run < min(len(keys), len(job.tiers)) and job.tiers[run] == index:
+            run += 1
+        if run == 0:
+            return 0
+        device = torch.device(self.engine.kv.device)
+        outs = [torch.empty(self.chunk_bytes, dtype=torch.uint8, device=device) for _ in keys[:run]]
+        try:
+            results = tier.read_device(keys[:run], outs)
+        except Exception as exc:  # the host path is still there: read through it
+            log.warning("kvtier's read into device memory failed (%s); reading through host", exc)
+            return 0
+        n = 0
+        while n < run and isinstance(results[n], BlockHeader):
+            n += 1
+        bad = [k for k, r in zip(keys, results, strict=False) if isinstance(r, BlockError)]
+        if bad:
+            self.cache.discard(bad, self.names[index])
+        chunks[:n] = [o if o.device.type != "cpu" else o.numpy() for o in outs[:n]]
+        return n
 
     def _failed(self, job: LoadJob, loaded: int, result: LoadResult | None) -> list[int]:
         """The block ids of a load's chunks past the ``loaded`` first, counted and logged."""
@@ -653,6 +691,15 @@ class WorkerSide:
         if self.engine is not None:
             self.engine.close()
         close_cache(self.cache)
+
+
+def straight_tier(tiers: Sequence[Any]) -> tuple[int, Any] | None:
+    """The first tier that reads straight into the engine's memory (``file://…&gds=1``), with
+    its index: loads it holds skip host memory."""
+    for i, tier in enumerate(tiers):
+        if getattr(tier, "device_io", None) is not None:
+            return i, tier
+    return None
 
 
 def _part(job: LoadJob, start: int, end: int) -> LoadJob:

@@ -38,6 +38,14 @@ def _bytes(view, block):
     return view[block].contiguous().view(torch.uint8)
 
 
+def _assert_moved(src, dst, places, targets) -> None:
+    """Every block of ``places`` in ``src`` is byte for byte its target's in ``dst``."""
+    for layer in range(len(src)):
+        for p, t in zip(places, targets, strict=True):
+            for a, b in zip(p.ids_by_layer[layer], t.ids_by_layer[layer], strict=True):
+                assert torch.equal(_bytes(src[layer], a), _bytes(dst[layer], b))
+
+
 @gpu
 @pytest.mark.parametrize("layout", sorted(LAYOUT_ORDERS))
 @pytest.mark.parametrize("layerwise", [False, True])
@@ -57,10 +65,7 @@ def test_blocks_round_trip_on_the_gpu_through_a_ring_smaller_than_the_load(layou
     into.to_device(targets, host, progress, layerwise=layerwise)
     progress.wait()
     torch.cuda.synchronize()
-    for layer in range(4):
-        for p, t in zip(places, targets, strict=True):
-            for a, b in zip(p.ids_by_layer[layer], t.ids_by_layer[layer], strict=True):
-                assert torch.equal(_bytes(src[layer], a), _bytes(dst[layer], b))
+    _assert_moved(src, dst, places, targets)
     untouched = _bytes(dst[0], 12)
     assert torch.equal(untouched, _bytes(paged_kv(SHAPE, layout, "cuda", seed=2)[1][0], 12))
 
@@ -109,7 +114,4 @@ def test_chunks_already_on_the_gpu_are_scattered_beside_host_ones(layout):
     into.to_device(targets, mixed, progress, layerwise=True)
     progress.wait()
     torch.cuda.synchronize()
-    for layer in range(4):
-        for a, b in zip(places, targets, strict=True):
-            for x, y in zip(a.ids_by_layer[layer], b.ids_by_layer[layer], strict=True):
-                assert torch.equal(_bytes(src[layer], x), _bytes(dst[layer], y))
+    _assert_moved(src, dst, places, targets)

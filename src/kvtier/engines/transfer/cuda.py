@@ -257,19 +257,12 @@ class CudaTransfer:
             if not layerwise:
                 for c, host in enumerate(ring):
                     scratch[c].copy_(host, non_blocking=True)
-            for layer, view in enumerate(self._views):
+            for layer in range(len(self._views)):
                 if layerwise:
                     start, end = self._spans[layer]
                     for c, host in enumerate(ring):
                         scratch[c, start:end].copy_(host[start:end], non_blocking=True)
-                blocks, chunk, row = self._pairs(batch, layer, skip_null=True)
-                if blocks:
-                    rows = self._rows(scratch, layer)
-                    view.index_copy_(0, self._ids(blocks), rows[self._ids(chunk), self._ids(row)])
-                if progress is not None:
-                    landed = torch.cuda.Event()
-                    landed.record(self._h2d)
-                    progress.mark(layer, landed)
+                self._scatter_layer(scratch, batch, layer, progress)
             copied = torch.cuda.Event()
             copied.record(self._h2d)
         return copied
@@ -309,25 +302,30 @@ class CudaTransfer:
                 self._h2d.wait_event(after)
             flat = [c.reshape(-1).view(torch.uint8)[: self.chunk_bytes] for c in chunks]
             scratch = torch.stack(flat)
-            self._scatter(scratch, batch, progress)
+            for layer in range(len(self._views)):
+                self._scatter_layer(scratch, batch, layer, progress)
             copied = torch.cuda.Event()
             copied.record(self._h2d)
         return copied
 
-    def _scatter(
-        self, scratch: torch.Tensor, batch: Sequence[Placement], progress: LoadProgress | None
+    def _scatter_layer(
+        self,
+        scratch: torch.Tensor,
+        batch: Sequence[Placement],
+        layer: int,
+        progress: LoadProgress | None,
     ) -> None:
-        """Each layer of a device scratch of chunks into its blocks (on the current stream),
-        an event per layer in ``progress``."""
-        for layer, view in enumerate(self._views):
-            blocks, chunk, row = self._pairs(batch, layer, skip_null=True)
-            if blocks:
-                rows = self._rows(scratch, layer)
-                view.index_copy_(0, self._ids(blocks), rows[self._ids(chunk), self._ids(row)])
-            if progress is not None:
-                landed = torch.cuda.Event()
-                landed.record(torch.cuda.current_stream(self.device))
-                progress.mark(layer, landed)
+        """One layer of a device scratch of chunks into its blocks, by one ``index_copy_`` on
+        the current stream; its event in ``progress``."""
+        blocks, chunk, row = self._pairs(batch, layer, skip_null=True)
+        if blocks:
+            rows = self._rows(scratch, layer)
+            ids = self._ids(blocks)
+            self._views[layer].index_copy_(0, ids, rows[self._ids(chunk), self._ids(row)])
+        if progress is not None:
+            landed = torch.cuda.Event()
+            landed.record(torch.cuda.current_stream(self.device))
+            progress.mark(layer, landed)
 
     def close(self) -> None:
         """Wait for queued copies and drop the streams' work."""

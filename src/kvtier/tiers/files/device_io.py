@@ -45,6 +45,15 @@ def _host_view(t: Any) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
+def _positional(call: Any, path: str, flags: int, view: memoryview, offset: int) -> int:
+    """``os.preadv``/``os.pwritev`` of one buffer at ``offset`` of ``path``."""
+    fd = os.open(path, flags | _O_CLOEXEC)
+    try:
+        return int(call(fd, [view], offset))
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class PosixFileIO:
     """``os.preadv``/``os.pwritev`` into and out of CPU tensors (buffered I/O)."""
@@ -52,18 +61,10 @@ class PosixFileIO:
     name: str = "posix"
 
     def read(self, path: str, out: Any, nbytes: int, offset: int) -> int:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-        try:
-            return os.preadv(fd, [_host_view(out)[:nbytes]], offset)
-        finally:
-            os.close(fd)
+        return _positional(os.preadv, path, os.O_RDONLY, _host_view(out)[:nbytes], offset)
 
     def write(self, path: str, src: Any, nbytes: int, offset: int) -> int:
-        fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
-        try:
-            return os.pwritev(fd, [_host_view(src)[:nbytes]], offset)
-        finally:
-            os.close(fd)
+        return _positional(os.pwritev, path, os.O_WRONLY, _host_view(src)[:nbytes], offset)
 
     def describe(self) -> dict[str, Any]:
         return {"library": "posix, buffered", "compat_mode": "n/a"}

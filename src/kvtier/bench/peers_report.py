@@ -88,16 +88,7 @@ def targets(report: PeersReport) -> list[Target]:
                         f"≤ {RETRIEVE_MAX:.1f}×", a / b <= RETRIEVE_MAX,
                     )
                 )  # fmt: skip
-        for depth in report.config.depths:
-            ra, rb = mine.rate(depth, "store"), peer.rate(depth, "store")
-            if ra and rb and rb["gbps"] > 0:
-                ratio = ra["gbps"] / rb["gbps"]
-                out.append(
-                    Target(
-                        tier_class, f"store GB/s at {depth} in flight", mine_name, peer_name,
-                        ra["gbps"], rb["gbps"], ratio, f"≥ {STORE_MIN:.1f}×", ratio >= STORE_MIN,
-                    )
-                )  # fmt: skip
+        out += _rate_targets(report, tier_class, "store", (mine_name, mine), (peer_name, peer))
         coded = mine.codec_bytes_per_token.get("kv")
         if coded and peer.bytes_per_token:
             ratio = peer.bytes_per_token / coded
@@ -112,17 +103,27 @@ def targets(report: PeersReport) -> list[Target]:
             )  # fmt: skip
     mine, peer = _usable(report, MOONCAKE_PAIR[0]), _usable(report, MOONCAKE_PAIR[1])
     if mine is not None and peer is not None:
-        for depth in report.config.depths:
-            ra, rb = mine.rate(depth, "retrieve"), peer.rate(depth, "retrieve")
-            if ra and rb and rb["gbps"] > 0:
-                ratio = ra["gbps"] / rb["gbps"]
-                out.append(
-                    Target(
-                        MOONCAKE, f"retrieve GB/s at {depth} in flight", *MOONCAKE_PAIR,
-                        ra["gbps"], rb["gbps"], ratio, f"≥ {MOONCAKE_MIN:.1f}×",
-                        ratio >= MOONCAKE_MIN,
-                    )
-                )  # fmt: skip
+        pair = ((MOONCAKE_PAIR[0], mine), (MOONCAKE_PAIR[1], peer))
+        out += _rate_targets(report, MOONCAKE, "retrieve", *pair, least=MOONCAKE_MIN)
+    return out
+
+
+def _rate_targets(
+    report: PeersReport, tier_class: str, op: str, mine: tuple, peer: tuple, least=STORE_MIN
+) -> list[Target]:
+    """kvtier's ``op`` GB/s against its peer's at each depth, held to at least ``least``×."""
+    (mine_name, a), (peer_name, b) = mine, peer
+    out = []
+    for depth in report.config.depths:
+        ra, rb = a.rate(depth, op), b.rate(depth, op)
+        if ra and rb and rb["gbps"] > 0:
+            ratio = ra["gbps"] / rb["gbps"]
+            out.append(
+                Target(
+                    tier_class, f"{op} GB/s at {depth} in flight", mine_name, peer_name,
+                    ra["gbps"], rb["gbps"], ratio, f"≥ {least:.1f}×", ratio >= least,
+                )
+            )  # fmt: skip
     return out
 
 

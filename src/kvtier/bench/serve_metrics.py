@@ -26,6 +26,23 @@ def _total(d: Mapping[str, float], name: str) -> float:
     return sum(v for k, v in d.items() if k == name or k.startswith(name + "{"))
 
 
+#: The ``/metrics`` series behind each of :class:`CacheCounters`' totals.
+SERIES = {
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "local_queries": "vllm:prefix_cache_queries_total",
+    "local_hits": "vllm:prefix_cache_hits_total",
+    "external_queries": "vllm:external_prefix_cache_queries_total",
+    "external_hits": "vllm:external_prefix_cache_hits_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "kvtier_hit_tokens": "kvtier_hit_tokens_total",
+    "kvtier_loaded_tokens": "kvtier_loaded_tokens_total",
+    "kvtier_load_errors": "kvtier_load_errors_total",
+    "kvtier_stored_chunks": "kvtier_stored_chunks_total",
+    "kvtier_unadmitted_chunks": "kvtier_unadmitted_chunks_total",
+    "kvtier_forward_blocked_s": "kvtier_forward_blocked_seconds_total",
+}
+
+
 @dataclass(frozen=True)
 class CacheCounters:
     """What one run did to the caches, from the ``/metrics`` difference.
@@ -58,21 +75,8 @@ class CacheCounters:
                 labels = dict(p.split("=", 1) for p in key[len(prefix) : -1].split(",") if p)
                 tier = labels.get("tier", "?")
                 tiers[tier] = tiers.get(tier, 0.0) + value
-        return cls(
-            prompt_tokens=_total(d, "vllm:prompt_tokens_total"),
-            local_queries=_total(d, "vllm:prefix_cache_queries_total"),
-            local_hits=_total(d, "vllm:prefix_cache_hits_total"),
-            external_queries=_total(d, "vllm:external_prefix_cache_queries_total"),
-            external_hits=_total(d, "vllm:external_prefix_cache_hits_total"),
-            preemptions=_total(d, "vllm:num_preemptions_total"),
-            kvtier_hit_tokens=_total(d, "kvtier_hit_tokens_total"),
-            kvtier_loaded_tokens=_total(d, "kvtier_loaded_tokens_total"),
-            kvtier_load_errors=_total(d, "kvtier_load_errors_total"),
-            kvtier_stored_chunks=_total(d, "kvtier_stored_chunks_total"),
-            kvtier_unadmitted_chunks=_total(d, "kvtier_unadmitted_chunks_total"),
-            kvtier_forward_blocked_s=_total(d, "kvtier_forward_blocked_seconds_total"),
-            tier_hit_tokens=dict(sorted(tiers.items())),
-        )
+        totals = {name: _total(d, series) for name, series in SERIES.items()}
+        return cls(**totals, tier_hit_tokens=dict(sorted(tiers.items())))
 
     @property
     def local_hit_rate(self) -> float | None:

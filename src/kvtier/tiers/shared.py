@@ -27,7 +27,7 @@ from kvtier.codec import BlockError, BlockHeader, BlockMeta, unpack_into
 from kvtier.codec.container import RAW_META
 from kvtier.codec.parallel import Decoders
 from kvtier.errors import TierUnavailableError
-from kvtier.tiers.base import Tier
+from kvtier.tiers.base import Tier, TierCapabilities
 from kvtier.tiers.url import CODEC_CHOICES, UrlOptions, opt
 
 log = logging.getLogger("kvtier.tiers")
@@ -84,7 +84,10 @@ def decode(namespace: bytes, key: bytes, data, out) -> BlockHeader:
 
 
 class SharedTier(Tier):
-    """A tier on a server other processes use too; subclasses give the batched verbs."""
+    """A tier on a server other processes use too; subclasses give the batched verbs. The
+    server keeps the blocks and owns their capacity (it evicts, not the tier)."""
+
+    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
 
     def contains(self, key: bytes) -> bool:
         return self.contains_many([key])[0]

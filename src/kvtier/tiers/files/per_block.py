@@ -43,7 +43,6 @@ from kvtier.codec import (
     BlockError,
     BlockHeader,
     BlockMeta,
-    BufferTooSmallError,
     CorruptBlockError,
     RawCodec,
     pack_block,
@@ -56,6 +55,7 @@ from kvtier.codec.container import (
     digest_header,
 )
 from kvtier.codec.digest import payload_digest, tensor_digest
+from kvtier.codec.errors import BufferTooSmallError
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.blockfile import (

@@ -22,7 +22,7 @@ from mooncake.store import BufferPool, MooncakeDistributedStore
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, CorruptBlockError, pack_block
 from kvtier.errors import ConfigError, TierUnavailableError
-from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.base import TierURL, TierUsage
 from kvtier.tiers.mooncake.options import DEFAULT_ADMIN_PORT, DEFAULT_MASTER_PORT, MooncakeOptions
 from kvtier.tiers.shared import (
     BoundedCalls,
@@ -51,7 +51,6 @@ class MooncakeTier(SharedTier):
     """KV blocks as Mooncake Store objects, shared by every client of the same master."""
 
     scheme = "mooncake"
-    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
     Options = MooncakeOptions
 
     def __init__(

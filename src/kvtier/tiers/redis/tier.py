@@ -27,7 +27,7 @@ from redis.retry import Retry
 
 from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_block, parse_header
 from kvtier.errors import ConfigError, TierUnavailableError
-from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.base import TierURL, TierUsage
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
 from kvtier.tiers.redis.direct_read import WINDOW_BYTES, Coded, byte_windows, read_values
 from kvtier.tiers.redis.options import RedisOptions
@@ -41,7 +41,6 @@ class RedisTier(SharedTier):
     """KV blocks in Redis or Valkey, shared by every process that opens the same server."""
 
     scheme = "redis"
-    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
     Options = RedisOptions
 
     def __init__(

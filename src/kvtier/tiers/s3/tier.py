@@ -33,7 +33,7 @@ from obstore.store import S3Store
 
 from kvtier.codec import BlockError, BlockHeader, BlockMeta, pack_block
 from kvtier.errors import ConfigError, TierUnavailableError
-from kvtier.tiers.base import TierCapabilities, TierURL, TierUsage
+from kvtier.tiers.base import TierURL, TierUsage
 from kvtier.tiers.s3.options import S3Options
 from kvtier.tiers.shared import SharedTier, key_of, open_or_degrade
 from kvtier.tiers.url import parse_options
@@ -48,7 +48,6 @@ class S3Tier(SharedTier):
     """KV blocks as S3 objects, shared by every process that opens the same bucket and prefix."""
 
     scheme = "s3"
-    capabilities = TierCapabilities(persistent=True, shared=True, evicts=False)
     Options = S3Options
 
     def __init__(

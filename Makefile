@@ -62,6 +62,7 @@ system-deps:
 # scripts/gpu_check.sh; the device call carries .whl.
 gpu-wheels: $(VENV)/.core
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
 		"zstandard==$$($(BIN)/python -c 'import zstandard; print(zstandard.__version__)')" \
 		"kvikio-cu13==26.10.0" "libkvikio-cu13==26.10.0"

@@ -1,4 +1,4 @@
-"""The disk tier's device verbs (``gds=on``): payloads straight between files and tensors,
+"""The disk tier's device verbs (``gds=1``): payloads straight between files and tensors,
 verified where they land. Here over POSIX reads and writes of CPU tensors; the GPU check runs
 the same verbs through kvikio into CUDA memory."""
 
@@ -136,7 +136,7 @@ def test_blocks_survive_a_reopen_and_evict_like_any(tmp_path) -> None:
 def test_device_verbs_need_gds(tmp_path) -> None:
     t = DiskTier(NS_A, tmp_path, 1 << 20)
     try:
-        with pytest.raises(ConfigError, match="gds=on"):
+        with pytest.raises(ConfigError, match="gds=1"):
             t.read_device([make_key(0)], [torch.empty(4)])
     finally:
         t.close()
@@ -145,6 +145,6 @@ def test_device_verbs_need_gds(tmp_path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
 def test_gds_is_refused_in_one_line_without_cuda(tmp_path) -> None:
     with pytest.raises(ConfigError) as err:
-        open_tier(f"file://{tmp_path}?size=1MiB&gds=on", NS_A)
-    assert "gds=on" in str(err.value) and "\n" not in str(err.value)
+        open_tier(f"file://{tmp_path}?size=1MiB&gds=1", NS_A)
+    assert "gds=1" in str(err.value) and "\n" not in str(err.value)
     assert not os.listdir(tmp_path)  # refused before it made anything

@@ -2,7 +2,7 @@
 between: GPUDirect Storage through kvikio (cuFile) for CUDA tensors, plain positional reads and
 writes for CPU tensors (what kvikio's compatibility mode does on a host without GDS).
 
-A file tier with ``gds=on`` reads and writes GPU memory through :class:`KvikioFileIO`; the
+A file tier with ``gds=1`` reads and writes GPU memory through :class:`KvikioFileIO`; the
 tier's device verbs work the same over :class:`PosixFileIO`, which lets the whole device path
 (headers, digests, verification, the ledger) run where there is no GPU.
 """
@@ -106,17 +106,17 @@ def require_gds() -> Any:
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch comes with every engine
-        raise ConfigError("gds=on needs torch with CUDA") from exc
+        raise ConfigError("gds=1 needs torch with CUDA") from exc
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"gds=on reads into GPU memory, but this torch ({torch.__version__}) sees no CUDA "
+            f"gds=1 reads into GPU memory, but this torch ({torch.__version__}) sees no CUDA "
             "device; leave gds off"
         )
     try:
         import kvikio  # type: ignore[import-not-found]
     except ImportError as exc:
         raise ConfigError(
-            "gds=on needs kvikio (pip install kvikio-cu13, or kvikio-cu12 for CUDA 12)"
+            "gds=1 needs kvikio (pip install 'kvtier[gds]', or kvikio-cu12 for CUDA 12)"
         ) from exc
     return kvikio
 

@@ -74,7 +74,7 @@ class PerBlockOptions(FileTierOptions):
     )
 
     def check(self) -> None:
-        """gds=on is refused where it cannot work (no CUDA device, no kvikio)."""
+        """gds=1 is refused where it cannot work (no CUDA device, no kvikio)."""
         super().check()
         if self.gds:
             require_gds()

@@ -587,11 +587,11 @@ class DiskTier(FileTier):
     def _ring_written(self, key: bytes, state: tuple[_Write, int], res: int) -> bool:
         return self._publish(*state, res)
 
-    # --- device verbs: payloads straight between files and tensors (gds=on) ------------------
+    # --- device verbs: payloads straight between files and tensors (gds=1) ------------------
     def read_device(
         self, keys: Sequence[bytes], outs: Sequence[Any]
     ) -> list[BlockHeader | BlockError | None]:
-        """Read blocks straight into tensors (GPU memory with ``gds=on``), each verified where
+        """Read blocks straight into tensors (GPU memory with ``gds=1``), each verified where
         it landed: the header's xxh3 on the host, the payload's digest on the tensor's device.
         None: a miss, or a block only the host path serves (coded, or stored without a digest
         by ``put_many``): read those with :meth:`get_many_into`."""
@@ -607,7 +607,7 @@ class DiskTier(FileTier):
         return results
 
     def write_device(self, items: Sequence[tuple[bytes, Any, BlockMeta]]) -> list[bool]:
-        """Store tensors' bytes straight from their memory (GPU memory with ``gds=on``) as raw
+        """Store tensors' bytes straight from their memory (GPU memory with ``gds=1``) as raw
         blocks of digest kind 1, the digest computed on the tensor's device; what was stored."""
         io = self._device_io()
         try:
@@ -620,7 +620,7 @@ class DiskTier(FileTier):
 
     def _device_io(self) -> DeviceFileIO:
         if self.device_io is None:
-            raise ConfigError(f"{self.name}: device reads and writes need gds=on")
+            raise ConfigError(f"{self.name}: device reads and writes need gds=1")
         return self.device_io
 
     def _read_device(self, io: DeviceFileIO, key: bytes, out: Any) -> BlockHeader | None:

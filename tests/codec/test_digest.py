@@ -43,3 +43,13 @@ def test_flipped_bits_and_swapped_words_change_it() -> None:
     w = a.copy().view("<u8")
     w[[3, 9]] = w[[9, 3]]
     assert payload_digest(w.view(np.uint8)) != base
+
+
+def test_many_at_once_equal_one_by_one() -> None:
+    from kvtier.codec.digest import tensor_digests
+
+    rng = np.random.default_rng(9)
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 5, 4096, 70001)]
+    tensors = [torch.from_numpy(a) for a in arrays]
+    assert tensor_digests(tensors) == [payload_digest(a) for a in arrays]
+    assert tensor_digests([]) == []

@@ -41,20 +41,36 @@ def payload_digest(payload) -> int:
 def tensor_digest(flat) -> int:
     """The digest of a contiguous torch tensor's bytes, computed on the tensor's device (one
     synchronisation, for the two sums)."""
+    return tensor_digests([flat])[0]
+
+
+def tensor_digests(tensors) -> list[int]:
+    """The digests of several tensors on one device, with one synchronisation for them all."""
+    import torch
+
+    sums = [s for t in tensors for s in _sums(t)]
+    if not sums:
+        return []
+    values = torch.stack(sums).tolist()
+    return [combine(values[2 * i], values[2 * i + 1]) for i in range(len(tensors))]
+
+
+def _sums(flat):
+    """The two sums of a tensor's 64-bit words, as 0-d int64 tensors on its device."""
     import torch
 
     raw = flat.reshape(-1).view(torch.uint8)
     n = raw.numel()
     if n == 0:
-        return combine(0, 0)
+        zero = torch.zeros((), dtype=torch.int64, device=raw.device)
+        return zero, zero
     if n % 8 or raw.data_ptr() % 8:
         padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=raw.device)
         padded[:n] = raw
         raw = padded
     words = raw.view(torch.int64)  # two's complement: sums agree with uint64 modulo 2**64
     weights = torch.arange(1, words.numel() + 1, dtype=torch.int64, device=words.device)
-    s1, s2 = torch.stack((words.sum(), (words * weights).sum())).tolist()
-    return combine(s1, s2)
+    return words.sum(), (words * weights).sum()
 
 
-__all__ = ["MASK", "combine", "payload_digest", "tensor_digest"]
+__all__ = ["MASK", "combine", "payload_digest", "tensor_digest", "tensor_digests"]

@@ -148,3 +148,21 @@ def test_gds_is_refused_in_one_line_without_cuda(tmp_path) -> None:
         open_tier(f"file://{tmp_path}?size=1MiB&gds=1", NS_A)
     assert "gds=1" in str(err.value) and "\n" not in str(err.value)
     assert not os.listdir(tmp_path)  # refused before it made anything
+
+
+class FailingWrites(PosixFileIO):
+    """Device writes that fail as a full device would (reads as POSIX)."""
+
+    def write(self, path, src, nbytes, offset):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failed_device_write_stores_nothing_and_gives_its_room_back(tmp_path) -> None:
+    t = DiskTier(NS_A, tmp_path, 1 << 20, device_io=FailingWrites())
+    try:
+        assert t.write_device([(make_key(1), chunk(1), META)]) == [False]
+        assert t.usage().used_bytes == 0 and not t.contains(make_key(1))
+        leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".tmp"]
+        assert leftovers == []
+    finally:
+        t.close()

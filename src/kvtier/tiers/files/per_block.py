@@ -54,7 +54,7 @@ from kvtier.codec.container import (
     check_digest_header,
     digest_header,
 )
-from kvtier.codec.digest import payload_digest, tensor_digest
+from kvtier.codec.digest import payload_digest, tensor_digest, tensor_digests
 from kvtier.codec.errors import BufferTooSmallError
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
@@ -597,13 +597,29 @@ class DiskTier(FileTier):
         by ``put_many``): read those with :meth:`get_many_into`."""
         io = self._device_io()
         results: list[BlockHeader | BlockError | None] = []
+        landed: list[tuple[int, Any]] = []  # (index, the payload's bytes where they landed)
         for key, out in zip(keys, outs, strict=True):
             try:
-                results.append(self._read_device(io, key, out))
+                got = self._read_device(io, key, out)
             except BlockError as exc:
-                results.append(exc)
+                got = exc
             except OSError as exc:
-                results.append(BlockIOError(f"reading block {key.hex()} failed: {exc}"))
+                got = BlockIOError(f"reading block {key.hex()} failed: {exc}")
+            if isinstance(got, tuple):
+                landed.append((len(results), got[1]))
+                got = got[0]
+            results.append(got)
+        digests = tensor_digests([payload for _, payload in landed])  # one wait for them all
+        for (i, _), digest in zip(landed, digests, strict=True):
+            header = results[i]
+            assert isinstance(header, BlockHeader)
+            if digest != header.digest:
+                results[i] = CorruptBlockError("block payload digest mismatch")
+                continue
+            if keys[i] not in self._index:
+                self._adopt(keys[i], file_size(header.stored_len))  # another process wrote it
+            with self._lock:
+                self.ledger.touch(keys[i])
         return results
 
     def write_device(self, items: Sequence[tuple[bytes, Any, BlockMeta]]) -> list[bool]:
@@ -623,7 +639,12 @@ class DiskTier(FileTier):
             raise ConfigError(f"{self.name}: device reads and writes need gds=1")
         return self.device_io
 
-    def _read_device(self, io: DeviceFileIO, key: bytes, out: Any) -> BlockHeader | None:
+    def _read_device(
+        self, io: DeviceFileIO, key: bytes, out: Any
+    ) -> tuple[BlockHeader, Any] | None:
+        """Read one block's payload into ``out`` after checking its header: the header and the
+        payload's bytes there (its digest is checked by the caller); None: a miss, or a block
+        only the host path serves."""
         path = self.block_path(key)
         try:
             with open(path, "rb", buffering=0) as f:
@@ -644,14 +665,7 @@ class DiskTier(FileTier):
         got = io.read(path, out, header.stored_len, PAGE)
         if got != header.stored_len:
             raise CorruptBlockError(f"block truncated: {got} of {header.stored_len} payload bytes")
-        landed = out.reshape(-1).view(torch_uint8())[: header.stored_len]
-        if tensor_digest(landed) != header.digest:
-            raise CorruptBlockError("block payload digest mismatch")
-        if key not in self._index:
-            self._adopt(key, file_size(header.stored_len))  # another process wrote it
-        with self._lock:
-            self.ledger.touch(key)
-        return header
+        return header, out.reshape(-1).view(torch_uint8())[: header.stored_len]
 
     def _write_device(self, io: DeviceFileIO, key: bytes, src: Any, meta: BlockMeta) -> bool:
         nbytes = src.numel() * src.element_size()

@@ -93,12 +93,17 @@ class KvikioFileIO:
 
 
 def compat_mode() -> str:
-    """kvikio's compatibility mode (ON: POSIX through bounce buffers, OFF: cuFile, AUTO)."""
+    """kvikio's compatibility mode as set (ON: POSIX through bounce buffers, OFF: cuFile,
+    AUTO: cuFile where it works) and, where kvikio says, which of the two is in effect."""
     import kvikio.defaults  # type: ignore[import-not-found]
 
     getter = getattr(kvikio.defaults, "compat_mode", None)
     mode = getter() if getter is not None else kvikio.defaults.get("compat_mode")
-    return str(getattr(mode, "name", mode))
+    name = str(getattr(mode, "name", mode))
+    preferred = getattr(kvikio.defaults, "is_compat_mode_preferred", None)
+    if preferred is None:
+        return name
+    return f"{name} ({'POSIX' if preferred() else 'cuFile'})"
 
 
 def require_gds() -> Any:

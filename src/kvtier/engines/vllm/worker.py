@@ -439,11 +439,11 @@ class WorkerSide:
         device memory (``file://…&gds=1``) there, putting them in ``chunks``; how many. A
         chunk it cannot serve ends the run (the cache's host path reads the rest); a damaged
         one is deleted from that tier."""
-        if self._straight is None or self.engine is None:
-            return 0
+        if self._straight is None or self.engine is None or len(job.tiers) != len(job.chunks):
+            return 0  # without a tier per chunk, the cache finds them
         index, tier = self._straight
         run = 0
-        while run < min(len(keys), len(job.tiers)) and job.tiers[run] == index:
+        while run < len(keys) and job.tiers[run] == index:
             run += 1
         if run == 0:
             return 0

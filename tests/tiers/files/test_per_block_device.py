@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kvtier.codec import BlockMeta, BufferTooSmallError, CorruptBlockError
+from kvtier.codec import BlockError, BlockMeta, BufferTooSmallError, CorruptBlockError
 from kvtier.errors import ConfigError
 from kvtier.testing.tier_conformance import NS_A, make_key
 from kvtier.tiers import open_tier
@@ -167,3 +167,34 @@ def test_a_failed_device_write_stores_nothing_and_gives_its_room_back(tmp_path) 
         assert leftovers == []
     finally:
         t.close()
+
+
+class BrokenDriver(PosixFileIO):
+    """Device I/O that fails as kvikio does (a RuntimeError from its C++ layer)."""
+
+    def read(self, path, out, nbytes, offset):
+        raise RuntimeError("cuFile read failed")
+
+    def write(self, path, src, nbytes, offset):
+        raise RuntimeError("cuFile write failed")
+
+
+def test_a_failing_driver_is_a_read_error_and_a_write_error(tmp_path) -> None:
+    t = DiskTier(NS_A, tmp_path, 1 << 20, device_io=BrokenDriver())
+    try:
+        with pytest.raises(OSError, match="writing block"):  # as put_many's I/O errors do
+            t.write_device([(make_key(1), chunk(1), META)])
+        assert t.usage().used_bytes == 0 and not list(tmp_path.rglob("*.tmp"))
+        assert t.put(make_key(2), chunk(2).view(torch.uint8).numpy(), META)  # the host path
+        (result,) = t.read_device([make_key(2)], [torch.empty_like(chunk(2))])
+        assert isinstance(result, BlockError)
+    finally:
+        t.close()
+
+
+def test_a_strided_tensor_is_stored_as_its_values(tier) -> None:
+    src = chunk(4).transpose(0, 2)  # not contiguous
+    assert tier.write_device([(make_key(4), src, META)]) == [True]
+    out = torch.empty(src.shape, dtype=src.dtype)
+    assert tier.read_device([make_key(4)], [out])[0] is not None
+    assert torch.equal(out.view(torch.int16), src.contiguous().view(torch.int16))

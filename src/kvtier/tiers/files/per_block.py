@@ -603,7 +603,7 @@ class DiskTier(FileTier):
                 got = self._read_device(io, key, out)
             except BlockError as exc:
                 got = exc
-            except OSError as exc:
+            except (OSError, RuntimeError) as exc:  # kvikio raises RuntimeError
                 got = BlockIOError(f"reading block {key.hex()} failed: {exc}")
             if isinstance(got, tuple):
                 landed.append((len(results), got[1]))
@@ -624,7 +624,8 @@ class DiskTier(FileTier):
 
     def write_device(self, items: Sequence[tuple[bytes, Any, BlockMeta]]) -> list[bool]:
         """Store tensors' bytes straight from their memory (GPU memory with ``gds=1``) as raw
-        blocks of digest kind 1, the digest computed on the tensor's device; what was stored."""
+        blocks of digest kind 1, the digest computed on the tensor's device; what was stored.
+        A device error raises ``OSError``, as ``put_many``'s do (its room is given back)."""
         io = self._device_io()
         try:
             results = [self._write_device(io, key, src, meta) for key, src, meta in items]
@@ -655,7 +656,7 @@ class DiskTier(FileTier):
         header = parse_header(head, self.namespace, key)
         if header.digest is None or header.meta.codec != "raw":
             return None
-        out = as_tensor(out)
+        out = _as_tensor(out)
         room = out.numel() * out.element_size()
         if room < header.stored_len:
             raise BufferTooSmallError(
@@ -665,9 +666,10 @@ class DiskTier(FileTier):
         got = io.read(path, out, header.stored_len, PAGE)
         if got != header.stored_len:
             raise CorruptBlockError(f"block truncated: {got} of {header.stored_len} payload bytes")
-        return header, out.reshape(-1).view(torch_uint8())[: header.stored_len]
+        return header, out.reshape(-1).view(_torch_uint8())[: header.stored_len]
 
     def _write_device(self, io: DeviceFileIO, key: bytes, src: Any, meta: BlockMeta) -> bool:
+        src = src.contiguous()  # the bytes as they would be read back
         nbytes = src.numel() * src.element_size()
         if not self._admit(key, nbytes):
             return False
@@ -692,6 +694,8 @@ class DiskTier(FileTier):
                 res = size if got == nbytes else -errno.EIO
         except OSError as exc:
             res = -(exc.errno or errno.EIO)
+        except RuntimeError:  # kvikio's errors: the write failed, its room goes back
+            res = -errno.EIO
         finally:
             self._pool.give(page)
         return self._publish(write, size, res)
@@ -723,14 +727,14 @@ def _written(namespace: bytes, key: bytes, head: bytes, meta: BlockMeta, stored:
     return _known(head, BlockHeader(namespace, key, meta, stored, stored, checksum))
 
 
-def torch_uint8() -> Any:
+def _torch_uint8() -> Any:
     """torch.uint8, imported where a device verb first needs it (the tier serves without torch)."""
     import torch
 
     return torch.uint8
 
 
-def as_tensor(buf: Any) -> Any:
+def _as_tensor(buf: Any) -> Any:
     """``buf`` as a torch tensor (a host buffer shares its memory)."""
     import torch
 

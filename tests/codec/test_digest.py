@@ -53,3 +53,11 @@ def test_many_at_once_equal_one_by_one() -> None:
     tensors = [torch.from_numpy(a) for a in arrays]
     assert tensor_digests(tensors) == [payload_digest(a) for a in arrays]
     assert tensor_digests([]) == []
+
+
+def test_parts_give_the_digest_of_the_whole() -> None:
+    a = np.random.default_rng(11).integers(0, 256, 3 * 4096 + 13, dtype=np.uint8)
+    whole = payload_digest(a)
+    assert payload_digest(a[:4096], a[4096:8192], a[8192:]) == whole  # summed where they lie
+    assert payload_digest(a[:5], a[5:]) == whole  # a split inside a word: joined first
+    assert payload_digest() == payload_digest(b"")

@@ -194,36 +194,34 @@ def pack_block(
     return header, stored
 
 
-def seal_digest_header(zeroed: bytes) -> tuple[bytes, int]:
-    """A kind-1 header with its checksum field zero, sealed by the xxh3 over the header alone:
-    (the header with that checksum in place, the checksum)."""
-    checksum = xxhash.xxh3_64_intdigest(zeroed)
-    at = CHECKSUM_OFFSET
-    return zeroed[:at] + struct.pack("<Q", checksum) + zeroed[at + 8 :], checksum
-
-
 def digest_header(namespace: bytes, key: bytes, meta: BlockMeta, nbytes: int, digest: int) -> bytes:
-    """The sealed header of a raw block of digest kind 1 (``digest``: its payload's)."""
+    """The header of a raw block of digest kind 1 (``digest``: its payload's), sealed by the
+    xxh3 over the header alone."""
     meta = meta.with_codec(RawCodec.name)
     zeroed = header_bytes(namespace, key, meta, RawCodec.id, nbytes, nbytes, 0, digest)
-    return seal_digest_header(zeroed)[0]
+    checksum = xxhash.xxh3_64_intdigest(zeroed)
+    at = CHECKSUM_OFFSET
+    return zeroed[:at] + struct.pack("<Q", checksum) + zeroed[at + 8 :]
+
+
+def _header_state(view) -> xxhash.xxh3_64:
+    """The xxh3 state after a block's header with its checksum field zeroed."""
+    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
+    h.update(b"\x00" * 8)
+    h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])
+    return h
 
 
 def check_digest_header(view, header: BlockHeader) -> None:
     """Check the xxh3 over a kind-1 block's header (its payload is checked by the digest)."""
-    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
-    h.update(b"\x00" * 8)
-    h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])
-    if h.intdigest() != header.checksum:
+    if _header_state(view).intdigest() != header.checksum:
         raise CorruptBlockError("block header checksum mismatch")
 
 
 def _check_digest_parts(view, parts, header: BlockHeader) -> None:
     """Verify a kind-1 block on the host: its header's xxh3 and its payload's digest."""
     check_digest_header(view, header)
-    chunks = [memoryview(p).cast("B") for p in parts]
-    payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if payload_digest(payload) != header.digest:
+    if payload_digest(*parts) != header.digest:
         raise CorruptBlockError("block payload digest mismatch")
 
 
@@ -236,13 +234,13 @@ def parse_header(buf, namespace: bytes | None = None, key: bytes | None = None) 
         _FMT.unpack_from(view)
     )
     shape, value = rest[:MAX_RANK], rest[MAX_RANK]
-    digest, kind = _DIGEST.unpack_from(view, DIGEST_OFFSET)
-    if kind not in (0, DIGEST_KIND):
-        raise UnsupportedBlockError(f"block digest kind {kind} is not known to this kvtier")
     if magic != MAGIC:
         raise CorruptBlockError(f"not a kvtier block (magic {magic!r})")
     if version != VERSION:
         raise UnsupportedBlockError(f"block format version {version}; this kvtier reads {VERSION}")
+    digest, kind = _DIGEST.unpack_from(view, DIGEST_OFFSET)
+    if kind not in (0, DIGEST_KIND):
+        raise UnsupportedBlockError(f"block digest kind {kind} is not known to this kvtier")
     if codec_id not in CODECS:
         raise UnsupportedBlockError(f"block codec id {codec_id} is not known to this kvtier")
     if dtype not in _DTYPE_NAMES or rank > MAX_RANK:
@@ -265,9 +263,8 @@ def verify(view: memoryview, header: BlockHeader) -> None:
     if header.digest is not None:
         _check_digest_parts(view, (view[HEADER_SIZE : header.total_len],), header)
         return
-    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
-    h.update(b"\x00" * 8)
-    h.update(view[CHECKSUM_OFFSET + 8 : header.total_len])
+    h = _header_state(view)
+    h.update(view[HEADER_SIZE : header.total_len])
     if h.intdigest() != header.checksum:
         raise CorruptBlockError("block checksum mismatch")
 
@@ -285,9 +282,7 @@ def verify_parts(header_buf, parts, header: BlockHeader) -> None:
             raise CorruptBlockError(f"block truncated: {n} of {header.stored_len} payload bytes")
         _check_digest_parts(view, parts, header)
         return
-    h = xxhash.xxh3_64(view[:CHECKSUM_OFFSET])
-    h.update(b"\x00" * 8)
-    h.update(view[CHECKSUM_OFFSET + 8 : HEADER_SIZE])
+    h = _header_state(view)
     n = 0
     for part in parts:
         h.update(part)

@@ -20,22 +20,33 @@ def combine(s1: int, s2: int) -> int:
     return s1 ^ (((s2 << 32) | (s2 >> 32)) & MASK)
 
 
-def payload_digest(payload) -> int:
-    """The digest of a host buffer's bytes (numpy, any length)."""
-    view = memoryview(payload).cast("B")
-    n = view.nbytes
-    if n % 8:
-        padded = np.zeros(-(-n // 8) * 8, np.uint8)
-        padded[:n] = np.frombuffer(view, np.uint8)
-        words = padded.view("<u8")
-    else:
-        words = np.frombuffer(view, "<u8")
-    if words.size == 0:
-        return combine(0, 0)
-    with np.errstate(over="ignore"):
-        s1 = int(words.sum(dtype=np.uint64))
-        s2 = int(np.dot(words, np.arange(1, words.size + 1, dtype=np.uint64)))
+def payload_digest(*parts) -> int:
+    """The digest of host buffers' bytes, in order, as one payload (numpy, any lengths): parts
+    of whole words are summed where they lie, a payload split elsewhere is joined first."""
+    views = [memoryview(p).cast("B") for p in parts]
+    if any(v.nbytes % 8 for v in views[:-1]):
+        views = [memoryview(b"".join(views))]
+    s1 = s2 = 0
+    start = 0  # words before this part
+    for view in views:
+        words = _words(view)
+        if words.size:
+            with np.errstate(over="ignore"):
+                a = int(words.sum(dtype=np.uint64))
+                b = int(np.dot(words, np.arange(1, words.size + 1, dtype=np.uint64)))
+            s1, s2 = s1 + a, s2 + b + start * a  # Σ (start + j + 1) · w[j]
+            start += words.size
     return combine(s1, s2)
+
+
+def _words(view: memoryview) -> np.ndarray:
+    """A buffer's little-endian 64-bit words, the last one zero-padded."""
+    n = view.nbytes
+    if not n % 8:
+        return np.frombuffer(view, "<u8")
+    padded = np.zeros(-(-n // 8) * 8, np.uint8)
+    padded[:n] = np.frombuffer(view, np.uint8)
+    return padded.view("<u8")
 
 
 def tensor_digest(flat) -> int:

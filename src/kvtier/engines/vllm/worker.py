@@ -415,8 +415,8 @@ class WorkerSide:
         if loaded and self.shards.size > 1:  # its promotions may be evicted later: report them
             self._parts_of.remember(keys[:loaded], [c.key for c in job.chunks[:loaded]])
         if loaded:
-            rest = result.tiers[: loaded - straight] if result is not None else []
-            tiers = [self._straight[0]] * straight + list(rest) if self._straight else rest
+            first = [self._straight[0]] * straight if self._straight is not None else []
+            tiers = first + list(result.tiers[: loaded - straight] if result is not None else [])
             for t in sorted(set(tiers)):
                 n = tiers.count(t)
                 name = self.names[t]

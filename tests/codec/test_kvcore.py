@@ -131,6 +131,32 @@ def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
         assert np.array_equal(planes.o1_decode_py(section, n), plane)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(["one", "uniform", "skewed", "walk"]),
+    n=st.one_of(st.integers(1, 70), st.integers(1000, 200_000)),
+    shift=st.integers(0, 7),
+    maxbits=st.sampled_from([K.NARROW, K.MAXBITS]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_o1_encode_into_writes_the_same_section_or_says_it_has_no_room(
+    kind, n, shift, maxbits, seed
+):
+    plane = _plane(kind, n, np.random.default_rng(seed))
+    section = K.o1_encode(plane, shift, maxbits)
+    out = np.full(n + 64, 0xA5, np.uint8)
+    got = K.o1_encode_into(plane, shift, maxbits, out[:n])
+    if section is None:
+        assert got == 0
+        return
+    assert got == len(section) and out[:got].tobytes() == section
+    assert (out[n:] == 0xA5).all()  # never past the room it was given
+    assert K.o1_encode_into(plane, shift, maxbits, out[: got - 1]) == 0
+    assert K.o1_encode_into(plane, shift, maxbits, bytearray(got)) == got
+    with pytest.raises(TypeError):  # a read-only buffer is refused
+        K.o1_encode_into(plane, shift, maxbits, bytes(got))
+
+
 def test_o1_code_lengths_are_limited_to_the_two_the_decoder_knows():
     plane = _plane("skewed", 50_000, np.random.default_rng(2))
     for maxbits in (K.NARROW, K.MAXBITS):

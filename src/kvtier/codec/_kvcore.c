@@ -4,6 +4,7 @@
  * merge(high, low, out, tokens, channels)   the inverse, written straight into ``out``
  * o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None   the high plane as an order-1
  *                                            Huffman section, codes of MAXBITS or NARROW bits
+ * o1_encode_into(plane, shift, maxbits, out) -> int   the same, written into out (0: no room)
  * o1_decode(section, out)                    the inverse; ValueError for a bad section
  * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
  * high_entropy(raw, count) -> float         collision entropy of the first high bytes
@@ -45,9 +46,7 @@
 #define VERSION 1
 #define HEAD_BYTES (12 + 33) /* version .. shift, symbol count (u64), context bitmap */
 #define MIN_CTX_COUNT 4096 /* a context seen fewer times shares the fallback table */
-#ifndef ENC_LANES
-#define ENC_LANES 4 /* streams the encoder writes in turn */
-#endif
+#define ENC_LANES 4 /* streams the encoder writes in turn (NSTREAMS is a multiple) */
 #define CHECK_EVERY 16    /* rounds of look-ups between overrun checks */
 #define PAD 1024          /* zero bytes after the copy: > 8 * CHECK_EVERY + 8 */
 #ifndef LANES
@@ -365,6 +364,14 @@ merge_planes(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, siz
 
 /* --- Huffman ------------------------------------------------------------------------------- */
 
+static inline unsigned
+load16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 static inline uint32_t
 load32(const uint8_t *p)
 {
@@ -487,20 +494,80 @@ stream_bounds(size_t n, size_t *start)
         start[i] = (size_t)((unsigned __int128)n * (unsigned)i / NSTREAMS);
 }
 
+/* The streams' symbols after their first, up to ``common``: the (previous, current) pair read as
+ * one 16-bit word looks up its code (code << 4 | length) in ``pair``; ENC_LANES streams in
+ * turn, each writer flushing its accumulator once per ``per`` codes. */
+static void
+encode_common(const uint8_t *plane, const size_t *start, size_t common, const uint16_t *pair,
+              unsigned maxbits, uint64_t *acc, unsigned *bits, uint8_t **w)
+{
+    const unsigned per = (64 - 8) / maxbits; /* codes that fit beside 7 held bits */
+    for (int g = 0; g < NSTREAMS; g += ENC_LANES) {
+        uint64_t a[ENC_LANES];
+        unsigned b[ENC_LANES];
+        uint8_t *out[ENC_LANES];
+        const uint8_t *q[ENC_LANES];
+        for (int j = 0; j < ENC_LANES; j++) {
+            a[j] = acc[g + j];
+            b[j] = bits[g + j];
+            out[j] = w[g + j];
+            q[j] = plane + start[g + j];
+        }
+        size_t p = 1;
+#define ADD(j)                                                                                \
+    do {                                                                                      \
+        uint32_t e_ = pair[load16(q[j] + p - 1)];                                             \
+        a[j] |= (uint64_t)(e_ >> 4) << b[j];                                                  \
+        b[j] += e_ & 15;                                                                      \
+    } while (0)
+#define FLUSH(j)                                                                              \
+    do {                                                                                      \
+        memcpy(out[j], &a[j], 8);                                                             \
+        out[j] += b[j] >> 3;                                                                  \
+        a[j] >>= b[j] & ~7u;                                                                  \
+        b[j] &= 7;                                                                            \
+    } while (0)
+#define LANES4(m) m(0); m(1); m(2); m(3)
+        while (p + per <= common) {
+            for (unsigned k = 0; k < per; k++, p++) {
+                LANES4(ADD);
+            }
+            LANES4(FLUSH);
+        }
+        for (; p < common; p++) {
+            LANES4(ADD);
+            LANES4(FLUSH);
+        }
+#undef LANES4
+#undef FLUSH
+#undef ADD
+        for (int j = 0; j < ENC_LANES; j++) {
+            acc[g + j] = a[j];
+            bits[g + j] = b[j];
+            w[g + j] = out[j];
+        }
+    }
+}
+
+
 /* Encode ``plane`` into ``dst`` (capacity ``cap``) with codes of at most ``maxbits`` bits; the
  * section's size, or 0 when it does not fit (the caller then stores the plane another way). */
 static size_t
 encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint8_t *dst,
           size_t cap)
 {
+    /* counts, lengths, codes (before them the pair counts, after them the pair codes) */
     size_t sizes[3] = {NCTX * 256 * sizeof(uint32_t), NCTX * 256, NCTX * 256 * sizeof(unsigned)};
+    _Static_assert(NCTX * 256 * sizeof(unsigned) >= 65536 * sizeof(uint32_t),
+                   "the codes' space holds the pair counts and the pair codes");
+    size_t all = sizes[0] + sizes[1] + sizes[2];
     int owned;
-    char *mem = scratch_get(SCRATCH_ENCODE, sizes[0] + sizes[1] + sizes[2], &owned);
+    char *mem = scratch_get(SCRATCH_ENCODE, all, &owned);
     size_t result = 0, start[NSTREAMS + 1];
     stream_bounds(n, start);
     if (!mem)
         return 0;
-    memset(mem, 0, sizes[0] + sizes[1] + sizes[2]);
+    memset(mem, 0, all);
     uint32_t(*counts)[256] = (uint32_t(*)[256])mem;
     uint8_t(*lens)[256] = (uint8_t(*)[256])(mem + sizes[0]);
     unsigned(*codes)[256] = (unsigned(*)[256])(mem + sizes[0] + sizes[1]);
@@ -512,9 +579,15 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
         if (len)
             counts[START][plane[start[i]]]++;
     }
+    /* each (previous, current) pair read as one 16-bit word and counted in a flat table (in the
+     * codes' space, not yet used), then folded into the contexts */
+    uint32_t *pairs = (uint32_t *)(mem + sizes[0] + sizes[1]);
     for (size_t p = 1; p < common; p++)
         for (int i = 0; i < NSTREAMS; i++)
-            counts[plane[start[i] + p - 1] >> shift][plane[start[i] + p]]++;
+            pairs[load16(plane + start[i] + p - 1)]++;
+    for (unsigned prev = 0; prev < 256; prev++)
+        for (unsigned s = 0; s < 256; s++)
+            counts[prev >> shift][s] += pairs[s << 8 | prev];
     for (int i = 0; i < NSTREAMS; i++)
         for (size_t p = start[i] + (common ? common : 1); p < start[i + 1]; p++)
             counts[plane[p - 1] >> shift][plane[p]]++;
@@ -599,7 +672,7 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
     for (int i = 0; i < NSTREAMS; i++)
         w0[i] = w[i] = i ? w0[i - 1] + region[i - 1] : scratch;
     /* a symbol's code depends only on it and the one before it, so the only state carried
-     * from symbol to symbol is each writer's: ENC_LANES streams at a time keep it in registers */
+     * from symbol to symbol is each writer's */
 #define PUT(i, e)                                                                             \
     do {                                                                                      \
         uint32_t e_ = (e);                                                                    \
@@ -613,12 +686,11 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
     for (int i = 0; i < NSTREAMS; i++)
         if (start[i] < start[i + 1])
             PUT(i, tab_of_ctx[START][plane[start[i]]]);
-    for (int g = 0; g < NSTREAMS; g += ENC_LANES)
-        for (size_t p = 1; p < common; p++)
-            for (int i = g; i < g + ENC_LANES; i++) {
-                const uint8_t *q = plane + start[i] + p;
-                PUT(i, tab_of_ctx[q[-1] >> shift][q[0]]);
-            }
+    uint16_t *pair = (uint16_t *)(mem + sizes[0] + sizes[1]); /* the codes' space, now free */
+    for (unsigned prev = 0; prev < 256; prev++)
+        for (unsigned s = 0; s < 256; s++)
+            pair[s << 8 | prev] = (uint16_t)tab_of_ctx[prev >> shift][s];
+    encode_common(plane, start, common, pair, maxbits, acc, bits, w);
     for (int i = 0; i < NSTREAMS; i++)
         for (size_t p = start[i] + (common ? common : 1); p < start[i + 1]; p++)
             PUT(i, tab_of_ctx[plane[p - 1] >> shift][plane[p]]);
@@ -780,6 +852,34 @@ out:
     return res;
 }
 
+static PyObject *
+py_o1_encode_into(PyObject *self, PyObject *args)
+{
+    Py_buffer plane, out;
+    int shift, maxbits;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &plane, &shift, &maxbits, &out))
+        return NULL;
+    PyObject *res = NULL;
+    size_t n = (size_t)plane.len;
+    if (shift < 0 || shift > 7 || (maxbits != MAXBITS && maxbits != NARROW) ||
+        n / NSTREAMS * MAXBITS / 8 + 16 > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError,
+                        "o1_encode_into: shift 0-7, maxbits MAXBITS or NARROW, a plane under 2**34");
+        goto done;
+    }
+    size_t got;
+    Py_BEGIN_ALLOW_THREADS;
+    got = n ? encode_o1(plane.buf, n, (unsigned)shift, (unsigned)maxbits, out.buf,
+                        (size_t)out.len)
+            : 0;
+    Py_END_ALLOW_THREADS;
+    res = PyLong_FromSize_t(got);
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&plane);
+    return res;
+}
+
 /* Decode a section into ``out`` (n bytes) without the GIL; 0 or an error code. */
 static int
 decode_section(const Py_buffer *sec, uint8_t *out, size_t n)
@@ -902,6 +1002,9 @@ static PyMethodDef methods[] = {
     {"o1_encode", py_o1_encode, METH_VARARGS,
      "o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None: the order-1 Huffman section "
      "(None: no gain)."},
+    {"o1_encode_into", py_o1_encode_into, METH_VARARGS,
+     "o1_encode_into(plane, shift, maxbits, out) -> int: the section's size, written at the "
+     "start of out; 0 when it does not fit in out."},
     {"o1_decode", py_o1_decode, METH_VARARGS,
      "o1_decode(section, out): decode a section into out (its size is the symbol count)."},
     {"high_entropy", py_high_entropy, METH_VARARGS,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from typing import ClassVar
 
 import numpy as np
@@ -86,6 +87,8 @@ PROBE_MAX_SHARE = 0.9
 #: order-1 trial.
 QUICK_PROBE = 4 * 1024
 LEVEL = 1
+#: Largest plane a thread keeps its split buffers for between blocks.
+SCRATCH_KEEP = 64 << 20
 
 
 def native() -> bool:
@@ -173,6 +176,7 @@ class PlaneCodec:
         if use_native and _kvcore is None:
             raise RuntimeError("the kv codec's C part (kvtier.codec._kvcore) is not built")
         self.use_native = _kvcore is not None if use_native is None else use_native
+        self._scratch = threading.local()
 
     def declines(self, raw: memoryview, dtype: str) -> bool:
         """Whether ``raw`` is known not to gain before any encoding (opaque bytes; a 16-bit
@@ -185,7 +189,9 @@ class PlaneCodec:
         raw = flat_bytes(raw)
         return raw.nbytes // 2 > 4 * QUICK_PROBE and _entropy_bits(raw) > 8 * PROBE_MAX_SHARE
 
-    def encode(self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()) -> bytes | None:
+    def encode(
+        self, raw: memoryview, dtype: str, shape: tuple[int, ...] = ()
+    ) -> bytes | memoryview | None:
         """The stored form, or None when the block does not shrink (the caller stores it raw)."""
         raw = flat_bytes(raw)
         size = raw.nbytes
@@ -202,37 +208,60 @@ class PlaneCodec:
             return self._encode_o1(raw, dtype, shape)
         return self._encode_zstd_planes(raw, dtype, shape)
 
-    def _encode_o1(self, raw: memoryview, dtype: str, shape: tuple[int, ...]) -> bytes | None:
+    def _encode_o1(self, raw: memoryview, dtype: str, shape: tuple[int, ...]) -> memoryview | None:
         size = raw.nbytes
         n = size // 2
         shift = O1_SHIFT[dtype]
         if self.declines(raw, dtype):
             return None  # not KV-like (random bytes…): known before the whole split
         tokens, channels = channel_layout(tuple(shape), n)
-        high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+        high, low = self._planes(n)
         _kvcore.split(raw, high, low, tokens, channels)
         probe = high[:PROBE_BYTES]
         maxbits = O1_MAXBITS[dtype]
         sample = _kvcore.o1_encode(probe, shift, maxbits)
         if sample is None or len(sample) > PROBE_MAX_SHARE * probe.size:
             return None
-        hi_sec: bytes | memoryview | None = _kvcore.o1_encode(high, shift, maxbits)
-        hi_coded = hi_sec is not None and len(hi_sec) <= n * (1 - PLANE_MIN_GAIN)
+        # the stored form is written in place: the high section straight after the header (it
+        # is kept only where it fits in the room that saves PLANE_MIN_GAIN), then the low plane
+        out = np.empty(_HEAD.size + 2 * n + size % 2, np.uint8)
+        at = _HEAD.size
+        room = int(n * (1 - PLANE_MIN_GAIN))
+        hi_len = _kvcore.o1_encode_into(high, shift, maxbits, out[at : at + room])
+        hi_coded = hi_len > 0
         if not hi_coded:
-            hi_sec = memoryview(high)
-        lo_sec: bytes | memoryview = memoryview(low)
+            out[at : at + n] = high
+            hi_len = n
+        at += hi_len
         lo_coded = False
+        lo_len = n
         sample = np.ascontiguousarray(low[:: max(1, n // PROBE_BYTES)])
         if len(zstd_compress(sample, LEVEL)) <= sample.size * (1 - LOW_MIN_GAIN):
             frame = zstd_compress(low, LEVEL)
             if len(frame) <= n * (1 - LOW_MIN_GAIN):
-                lo_sec, lo_coded = frame, True
-        flags = (HIGH_CODED if hi_coded else 0) | (LOW_CODED if lo_coded else 0)
-        lens = (len(hi_sec), len(lo_sec))
-        head = _HEAD.pack(MAGIC, MODE_O1, flags, tokens, channels, 0, size, *lens)
-        if not gains(len(head) + len(hi_sec) + len(lo_sec) + size % 2, size):
+                lo_len, lo_coded = len(frame), True
+                out[at : at + lo_len] = np.frombuffer(frame, np.uint8)
+        if not lo_coded:
+            out[at : at + n] = low
+        at += lo_len
+        if size % 2:
+            out[at] = raw[2 * n]
+            at += 1
+        if not gains(at, size):
             return None
-        return b"".join((head, hi_sec, lo_sec, raw[2 * n :]))
+        flags = (HIGH_CODED if hi_coded else 0) | (LOW_CODED if lo_coded else 0)
+        _HEAD.pack_into(out, 0, MAGIC, MODE_O1, flags, tokens, channels, 0, size, hi_len, lo_len)
+        return memoryview(out[:at])
+
+    def _planes(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's two plane buffers of ``n`` bytes, kept between blocks (a fresh pair
+        of large arrays would be fresh pages: their faults cost as much as the split)."""
+        if n > SCRATCH_KEEP:
+            return np.empty(n, np.uint8), np.empty(n, np.uint8)
+        kept = getattr(self._scratch, "planes", None)
+        if kept is None or kept.shape[1] < n:
+            kept = self._scratch.planes = np.empty((2, n), np.uint8)
+        return kept[0, :n], kept[1, :n]
 
     def _encode_zstd_planes(
         self, raw: memoryview, dtype: str, shape: tuple[int, ...]

@@ -101,3 +101,81 @@ def test_write_listeners_hear_what_landed_in_each_tier_and_what_was_deleted(memo
     assert writes.flush(timeout=30)
     assert heard == [(1, [], [keys[0]])]
     writes.close(timeout=5)
+
+
+def _lender(tiers):
+    """A release callback recording, per payload, which tiers held its key when it came back."""
+    back: list[tuple[int, tuple[bool, ...]]] = []
+
+    def release(payload) -> None:
+        key = payload.key
+        back.append((id(payload), tuple(t.contains(key) for t in tiers)))
+
+    return back, release
+
+
+class _Lent(bytearray):
+    """A payload that knows its key (so the release can look where it landed)."""
+
+    key: bytes
+
+
+def _lent(keys) -> list[_Lent]:
+    out = []
+    for k in keys:
+        p = _Lent(kv_chunk(k).tobytes())
+        p.key = k
+        out.append(p)
+    return out
+
+
+def test_a_lent_payload_comes_back_once_after_every_tier_wrote_it(memory_tier, disk_tier):
+    fast, slow = memory_tier(16, "fast"), disk_tier(16, "slow")
+    writes, _, _ = _writes([fast, slow])
+    keys = chunk_keys(5)
+    payloads = _lent(keys)
+    back, release = _lender([fast, slow])
+    assert writes.store(keys, payloads, META, False, None, release) == 5
+    assert writes.flush(timeout=30)
+    assert sorted(i for i, _ in back) == sorted(id(p) for p in payloads)  # each once
+    assert all(where == (True, True) for _, where in back)  # never before both wrote it
+    writes.close(timeout=5)
+
+
+def test_what_no_writer_takes_comes_back_at_once(memory_tier, disk_tier):
+    fast, slow = memory_tier(64, "fast"), disk_tier(64, "slow")
+    # the slow tier refuses the first sighting of every key; the fast one queues only 4
+    writes, _, _ = _writes(
+        [fast, slow],
+        TierOptions(),
+        TierOptions(admission=FrequencyAdmission(min_hits=2)),
+        queue_chunks=4,
+    )
+    keys = chunk_keys(12)
+    payloads = _lent(keys)
+    back, release = _lender([fast, slow])
+    taken = writes.store(keys, payloads, META, False, None, release)
+    assert 0 < taken < len(keys)
+    assert len(back) >= len(keys) - taken  # the untaken ones, before any writer ran
+    assert writes.flush(timeout=30)
+    assert sorted(i for i, _ in back) == sorted(id(p) for p in payloads)
+    written = {id(p) for p in payloads[:taken]}
+    assert all(where[0] for i, where in back if i in written)
+    assert not any(where[1] for _, where in back)  # the slow tier admitted none of them
+    writes.close(timeout=5)
+
+
+def test_copied_or_refused_payloads_come_back_at_once(memory_tier):
+    tier = memory_tier(16)
+    writes, _, _ = _writes([tier])
+    keys = chunk_keys(3)
+    copied = _lent(keys)
+    back, release = _lender([tier])
+    assert writes.store(keys, copied, META, True, None, release) == 3
+    assert sorted(i for i, _ in back) == sorted(id(p) for p in copied)  # copied: theirs again
+    assert writes.flush(timeout=30) and all(tier.contains(k) for k in keys)
+    writes.close(timeout=5)
+    back.clear()
+    late = _lent(keys)
+    assert writes.store(keys, late, META, False, None, release) == 0
+    assert sorted(i for i, _ in back) == sorted(id(p) for p in late)

@@ -217,7 +217,7 @@ class KvtierSystem(System):
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from kvtier.cache import CacheConfig, TieredCache
+        from kvtier.cache import CacheConfig, StagingPool, TieredCache
         from kvtier.codec import BlockMeta
         from kvtier.keys import ChunkKeyer, Namespace
         from kvtier.specs import get_model
@@ -232,6 +232,7 @@ class KvtierSystem(System):
             block_bytes=geo.chunk_bytes,
         )
         self.cache = TieredCache([self.tier], config)
+        self.staging = StagingPool.within(geo.chunk_bytes)  # the worker's save buffers
         self.keyer = ChunkKeyer(namespace, geo.chunk_tokens)
         self.meta = BlockMeta(geo.dtype, geo.chunk_shape)
         self.page_cache = self.directory is not None
@@ -239,12 +240,10 @@ class KvtierSystem(System):
 
     def store(self, prompt: Prompt) -> None:
         keys = self.keyer.keys(prompt.tokens)
-        bufs = []
-        for i in range(len(keys)):  # the worker copies each chunk out of the engine's KV
-            buf = np.empty(prompt.chunk_bytes, dtype=np.uint8)
+        bufs = self.staging.take(len(keys))
+        for i, buf in enumerate(bufs):  # the worker copies each chunk out of the engine's KV
             np.copyto(buf, prompt.chunk(i))
-            bufs.append(buf)
-        taken = self.cache.store(keys, bufs, self.meta, copy=False)
+        taken = self.cache.store(keys, bufs, self.meta, copy=False, release=self.staging.give)
         if taken < len(keys):
             raise PeersError(
                 f"{self.name}: its write queue took {taken} of {len(keys)} chunks; "

@@ -4,6 +4,7 @@ from kvtier.cache.config import CacheConfig, TierOptions
 from kvtier.cache.leases import Lease
 from kvtier.cache.metrics import CacheMetrics
 from kvtier.cache.results import LoadResult, LookupResult, PrefetchResult
+from kvtier.cache.staging import StagingPool
 from kvtier.cache.tiered import TieredCache
 from kvtier.cache.timing import LookupTiming, time_lookup
 
@@ -15,6 +16,7 @@ __all__ = [
     "LookupResult",
     "LookupTiming",
     "PrefetchResult",
+    "StagingPool",
     "TierOptions",
     "TieredCache",
     "time_lookup",

@@ -270,12 +270,15 @@ class TieredCache(contextlib.AbstractContextManager):
         meta: BlockMeta = RAW_META,
         copy: bool = True,
         values: Sequence[float] | None = None,
+        release: Callable[[object], None] | None = None,
     ) -> int:
         """Queue ``payloads`` (one buffer per chunk) for every write-through tier; never waits.
 
         Returns how many leading chunks were queued (for the tier that took most); what a full
         queue cannot take is dropped and counted. With ``copy=False`` the caller promises not
-        to change the buffers until :meth:`flush` returns. ``values`` (seconds of prefill each
+        to change the buffers until :meth:`flush` returns, or, given ``release``, until
+        ``release(payload)`` hands each one back (a :class:`~kvtier.cache.StagingPool`'s
+        ``give``: buffers reused, not faulted in afresh). ``values`` (seconds of prefill each
         chunk saves) feed cost-aware eviction; they travel in each block's header.
         """
         if len(keys) != len(payloads):
@@ -283,7 +286,7 @@ class TieredCache(contextlib.AbstractContextManager):
         if values is not None and len(values) != len(keys):
             raise ValueError(f"store got {len(keys)} keys but {len(values)} values")
         self.metrics.record_store(len(keys))
-        return self._writes.store(keys, payloads, meta, copy, values)
+        return self._writes.store(keys, payloads, meta, copy, values, release)
 
     def discard(self, keys: Sequence[bytes], tier: str = "") -> None:
         """Queue the deletion of ``keys`` from the tier named ``tier`` (``""``: every tier; a

@@ -21,14 +21,40 @@ log = logging.getLogger("kvtier.cache")
 JobKind = Literal["store", "promote", "spill", "delete"]
 
 
+class Hold:
+    """A payload lent to writers: ``release(payload)`` runs once, when the last of the ``left``
+    writers it was offered to has finished with it (or refused it)."""
+
+    __slots__ = ("_lock", "left", "payload", "release")
+
+    def __init__(self, payload: object, release: Callable[[object], None], left: int) -> None:
+        self.payload = payload
+        self.release = release
+        self.left = left
+        self._lock = threading.Lock()
+
+    def drop(self) -> None:
+        """One writer is done with the payload."""
+        with self._lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            try:
+                self.release(self.payload)
+            except Exception:  # the lender's bug must not stop a writer
+                log.exception("kvtier cache: releasing a stored payload failed")
+
+
 @dataclass(frozen=True, slots=True)
 class WriteJob:
-    """One queued operation on a tier: put ``payload`` under ``key``, or delete ``key``."""
+    """One queued operation on a tier: put ``payload`` under ``key``, or delete ``key``;
+    ``hold``: the lender's claim on the payload, dropped once the writer is done with it."""
 
     kind: JobKind
     key: bytes
     payload: object = None
     meta: BlockMeta | None = None
+    hold: Hold | None = None
 
 
 class TierWriter:
@@ -103,6 +129,9 @@ class TierWriter:
                 log.exception("kvtier cache writer %s failed on a batch", self.name)
                 time.sleep(0.01)
             finally:
+                for job in jobs:
+                    if job.hold is not None:
+                        job.hold.drop()
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()

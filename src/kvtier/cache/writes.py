@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from kvtier.cache.config import CacheConfig, TierOptions
 from kvtier.cache.guard import TierGuard
-from kvtier.cache.workers import TierWriter, WriteJob
+from kvtier.cache.workers import Hold, TierWriter, WriteJob
 from kvtier.codec import BlockMeta
 from kvtier.codec.container import RAW_META
 
@@ -64,28 +64,33 @@ class Writes:
         meta: BlockMeta,
         copy: bool,
         values: Sequence[float] | None,
+        release: Callable[[object], None] | None = None,
     ) -> int:
         """Queue the chunks for every live write-through tier; how many leading ones were taken
-        (for the tier that took most)."""
+        (for the tier that took most). ``release(payload)`` runs once for every payload, as soon
+        as no writer needs it (at once for what is copied or not queued)."""
         guard, metrics = self._guard, self._guard.metrics
-        if self._closed or not keys:
-            return 0
-        live = [t for t in self.through if guard.up(t)]
-        for t in self.through:
+        lent = release is not None and not copy
+        live = [t for t in self.through if guard.up(t)] if keys and not self._closed else []
+        for t in self.through if keys and not self._closed else ():
             if t not in live:
                 metrics.count(t, dropped_writes=len(keys))
-        if not live:
-            return 0
-        take = min(len(keys), max(self._writers[t].room() for t in live))
+        take = min(len(keys), max(self._writers[t].room() for t in live)) if live else 0
         if copy:
             data = [bytes(memoryview(p).cast("B")) for p in payloads[:take]]
         else:
             data = list(payloads[:take])
-        if data:
-            guard.saw_block(memoryview(data[0]).nbytes)
+        if release is not None:  # what no writer will hold
+            for p in payloads if copy else payloads[take:]:
+                release(p)
+        if not take:
+            return 0
+        guard.saw_block(memoryview(data[0]).nbytes)
         metas = [meta] * take if values is None else [replace(meta, value=v) for v in values[:take]]
+        holds = [Hold(p, release, len(live)) if lent else None for p in data]
         jobs = [
-            WriteJob("store", k, p, m) for k, p, m in zip(keys[:take], data, metas, strict=True)
+            WriteJob("store", k, p, m, h)
+            for k, p, m, h in zip(keys[:take], data, metas, holds, strict=True)
         ]
         accepted = 0
         for t in live:
@@ -97,6 +102,11 @@ class Writes:
             if dropped:
                 metrics.count(t, dropped_writes=dropped)
             accepted = max(accepted, got)
+            if lent:  # this tier's writer will not hold what it refused
+                queued = {id(j) for j in mine[:got]}
+                for job, hold in zip(jobs, holds, strict=True):
+                    if hold is not None and id(job) not in queued:
+                        hold.drop()
         return accepted
 
     def enqueue(self, t: int, jobs: list[WriteJob]) -> int:

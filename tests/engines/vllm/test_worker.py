@@ -77,6 +77,28 @@ def test_stored_blocks_come_back_bit_for_bit_into_other_blocks(worker):
         assert torch.equal(layer[10].view(torch.int16), layer[7].view(torch.int16))
 
 
+def test_saves_copy_into_buffers_the_writers_give_back_for_the_next_saves(worker):
+    side, caches = worker
+    keys = [bytes([i]) * 16 for i in range(3)]
+    side.bind(KVTierMetadata(stores=[StoreJob("r1", tuple(keys), ((1, 2), (3, 4), (5, 6)))]))
+    side.wait_for_save()
+    side.unbind()
+    assert side.flush(10)
+    assert side._staging.idle == 3  # both tiers wrote them: back in the pool
+    lent = side._staging.take(3)
+    for buf in lent:  # scribbled on while idle: what the tiers hold does not change
+        buf.fill(0xEE)
+    for buf in lent:
+        side._staging.give(buf)
+    job = LoadJob("r2", (ChunkLoad(keys[1], (8, 9)),), (0,), sync=True)
+    side.bind(KVTierMetadata(loads=[job]))
+    side.start_load_kv()
+    side.unbind()
+    assert side.take_errors() == set()
+    for layer in caches:
+        assert torch.equal(layer[8:10].view(torch.int16), layer[3:5].view(torch.int16))
+
+
 def test_a_missing_chunk_is_reported_as_failed_blocks(worker):
     side, _ = worker
     job = LoadJob("r3", (ChunkLoad(b"x" * 16, (4, 5)),), (0,))

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtier.cache import Lease, LoadResult
+from kvtier.cache import Lease, LoadResult, StagingPool
 from kvtier.codec import BlockError, BlockHeader, BlockMeta
 from kvtier.engines.transfer import (
     LoadProgress,
@@ -127,6 +127,8 @@ class WorkerSide:
         self.blocks_per_chunk = geometry.blocks_per_chunk(self.chunk)
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
+        # host buffers the saves copy chunks into, back from the writers once stored
+        self._staging = StagingPool.within(self.chunk_bytes)
         self.names = self.cache.names
         self.counters = ConnectorCounters(self.cache.metrics)
         self.engine: TransferEngine | None = None  # set when vLLM registers its caches
@@ -523,7 +525,7 @@ class WorkerSide:
                 self._saving.setdefault(job.req_id, []).append(done)
         else:
             for job in meta.stores:
-                bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in job.keys]
+                bufs = self._staging.take(len(job.keys))
                 engine.to_host(self._store_places(job), bufs)
                 self._store(job, bufs)
         self.counters.add("store_seconds", time.perf_counter() - began)
@@ -542,9 +544,9 @@ class WorkerSide:
         self._save_pool.submit(self._copy_layer, save, layer, self._compute_event())
 
     def _begin_save(self, meta: KVTierMetadata) -> StepSave:
-        """The step's chunks to save: their placements and fresh host buffers."""
+        """The step's chunks to save: their placements and host buffers to copy them into."""
         places = [p for job in meta.stores for p in self._store_places(job)]
-        bufs = [np.empty(self.chunk_bytes, dtype=np.uint8) for _ in places]
+        bufs = self._staging.take(len(places))
         self._step_save = StepSave(list(meta.stores), places, bufs)
         return self._step_save
 
@@ -589,7 +591,9 @@ class WorkerSide:
         parts = self.shards.keys(job.keys, self.rank)
         if self._announcer is not None and job.blocks:
             self._announcer.expect(parts, job.blocks)
-        taken = self.cache.store(parts, bufs, meta=self._meta, copy=False)
+        taken = self.cache.store(
+            parts, bufs, meta=self._meta, copy=False, release=self._staging.give
+        )
         if self.shards.size > 1:
             self._parts_of.remember(parts, job.keys)
         if self.lead:

@@ -31,6 +31,7 @@ from kvtier.tiers.base import Tier, TierCapabilities
 from kvtier.tiers.url import CODEC_CHOICES, UrlOptions, opt
 
 log = logging.getLogger("kvtier.tiers")
+T = TypeVar("T")
 
 #: The default bound of one operation, in seconds (a store on the local network).
 DEFAULT_TIMEOUT_S = 0.1
@@ -109,6 +110,13 @@ class SharedTier(Tier):
         """The threads a batch's coded blocks decode on (every core)."""
         return Decoders()
 
+    def _encode_all(self, pack: Callable[..., T], items: Sequence[tuple]) -> list[T]:
+        """``pack(*item)`` for each block of a batch (its stored form), coded ones on every
+        core."""
+        if self.codec == "raw":
+            return [pack(*item) for item in items]
+        return self._decoders.map(pack, items)
+
     def _decode_all(
         self, keys: Sequence[bytes], values: Sequence, outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
@@ -143,8 +151,6 @@ def open_or_degrade(what: str, optional: bool, check: Callable[[], None]) -> str
         return str(exc)
     return None
 
-
-T = TypeVar("T")
 
 
 @dataclass

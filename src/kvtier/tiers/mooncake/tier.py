@@ -244,7 +244,7 @@ class MooncakeTier(SharedTier):
         if not items:
             return []
         store, buffers = self._client()
-        packed = self._decoders.map(self._packed, self._coded_items(items))  # on every core
+        packed = self._encode_all(self._packed, self._coded_items(items))
         out: list[bool] = []
         for a, b in self._runs([len(h) + s.nbytes for _, h, s in packed]):
             out += self._put_run(store, buffers, packed[a:b])

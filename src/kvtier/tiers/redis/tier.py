@@ -262,6 +262,9 @@ class RedisTier(SharedTier):
             out += self._put_run(run)
         return out
 
+    def _packed(self, key: bytes, payload, meta: BlockMeta) -> tuple[bytes, memoryview]:
+        return pack_block(self.namespace, key, payload, meta)
+
     def _put_run(self, run: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         """One pipeline (or one command) for the blocks of one value; one transaction per split
         block."""
@@ -270,8 +273,8 @@ class RedisTier(SharedTier):
         replies: list = [None] * len(run)
         split: list[tuple[int, bytes]] = []
         single: list[tuple[int, str, object]] = []
-        for i, (key, payload, meta) in enumerate(run):
-            header, stored = pack_block(self.namespace, key, payload, meta)
+        packed = self._encode_all(self._packed, run)
+        for i, ((key, _, _), (header, stored)) in enumerate(zip(run, packed, strict=True)):
             if len(header) + stored.nbytes > o.max_value:
                 split.append((i, b"".join((header, stored))))
             else:

@@ -248,7 +248,7 @@ class S3Tier(SharedTier):
 
     def put_many(self, items: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
         items = self._coded_items(items)
-        encoded = self._decoders.map(self._object_of, items)  # encodes on every core
+        encoded = self._encode_all(self._object_of, items)
         nbytes = sum(len(d) for _, d in encoded)
         for _, data in encoded:
             self._largest = max(self._largest, len(data))

@@ -50,3 +50,41 @@ def test_a_cache_gives_stored_buffers_back_to_the_pool(memory_tier):
         assert cache.load([k], [out]).loaded == 1
         assert out.tobytes() == kv_chunk(k).tobytes()
     cache.close()
+
+
+def test_a_memory_first_cache_lends_its_slots_and_stores_each_chunk_in_place(
+    memory_tier, disk_tier
+):
+    fast, slow = memory_tier(16, "fast"), disk_tier(16, "slow")
+    cache = TieredCache([fast, slow], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    assert cache.lender() is fast
+    keys = chunk_keys(3)
+    nbytes = kv_chunk(keys[0]).nbytes
+    fast.put(keys[0], kv_chunk(keys[0]))  # sizes the slots
+    fast.delete(keys[0])
+    pool = StagingPool(nbytes, keep=4, lender=cache.lender())
+    bufs = pool.take(3)
+    assert all(b.ctypes.data % PAGE == 0 for b in bufs)
+    for k, b in zip(keys, bufs, strict=True):
+        np.copyto(b, kv_chunk(k).view(np.uint8).reshape(-1))
+    assert cache.store(keys, bufs, META, copy=False, release=pool.give) == 3
+    assert cache.flush(30)
+    assert pool.idle == 0  # lent slots went back to the tier, not to the pool
+    for k, b in zip(keys, bufs, strict=True):
+        assert fast.block_views(k)[0].ctypes.data == b.ctypes.data - PAGE  # stored in place
+        assert slow.contains(k)  # and written through from the same bytes
+    out = np.empty(nbytes, np.uint8)
+    assert cache.load(keys, [out] * 3).loaded == 3
+    assert out.tobytes() == kv_chunk(keys[2]).tobytes()
+    cache.close()
+
+
+def test_only_a_raw_memory_tier_written_through_first_lends(memory_tier, disk_tier):
+    slow = disk_tier(16, "slow")
+    assert TieredCache([slow], CacheConfig(chunk_tokens=CHUNK_TOKENS)).lender() is None
+    fast = memory_tier(16, "fast")
+    back = TieredCache(
+        [fast, slow],
+        CacheConfig(chunk_tokens=CHUNK_TOKENS).with_tiers("none", "through"),
+    )
+    assert back.lender() is None

@@ -232,7 +232,8 @@ class KvtierSystem(System):
             block_bytes=geo.chunk_bytes,
         )
         self.cache = TieredCache([self.tier], config)
-        self.staging = StagingPool.within(geo.chunk_bytes)  # the worker's save buffers
+        # the worker's save buffers: a memory:// tier's own slots where it lends them
+        self.staging = StagingPool.within(geo.chunk_bytes, lender=self.cache.lender())
         self.keyer = ChunkKeyer(namespace, geo.chunk_tokens)
         self.meta = BlockMeta(geo.dtype, geo.chunk_shape)
         self.page_cache = self.directory is not None

@@ -30,6 +30,7 @@ from kvtier.cache.leases import Lease, LeaseTable
 from kvtier.cache.metrics import CacheMetrics
 from kvtier.cache.promoter import Promoter
 from kvtier.cache.results import LoadResult, LookupResult, PrefetchResult
+from kvtier.cache.staging import Lender
 from kvtier.cache.writes import Writes
 from kvtier.codec import BlockHeader, BlockMeta
 from kvtier.codec.container import RAW_META
@@ -287,6 +288,15 @@ class TieredCache(contextlib.AbstractContextManager):
             raise ValueError(f"store got {len(keys)} keys but {len(values)} values")
         self.metrics.record_store(len(keys))
         return self._writes.store(keys, payloads, meta, copy, values, release)
+
+    def lender(self) -> Lender | None:
+        """The first tier, where it lends buffers that a store puts in place (a ``memory://``
+        tier storing raw blocks, written through): give it to a :class:`StagingPool`, so a
+        stored chunk is copied once, into its slot. None otherwise."""
+        if not self._tiers or self._writes.through[:1] != [0]:
+            return None
+        tier = self._tiers[0]
+        return tier if callable(getattr(tier, "lend", None)) and tier.codec == "raw" else None
 
     def discard(self, keys: Sequence[bytes], tier: str = "") -> None:
         """Queue the deletion of ``keys`` from the tier named ``tier`` (``""``: every tier; a

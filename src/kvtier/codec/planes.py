@@ -87,6 +87,8 @@ PROBE_MAX_SHARE = 0.9
 #: order-1 trial.
 QUICK_PROBE = 4 * 1024
 LEVEL = 1
+#: The page size a stored form is aligned to.
+PAGE = 4096
 #: Largest plane a thread keeps its split buffers for between blocks.
 SCRATCH_KEEP = 64 << 20
 
@@ -151,6 +153,13 @@ def _entropy_bits(raw: memoryview) -> float:
     sample = np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2]
     counts = np.bincount(sample, minlength=256).astype(np.float64)
     return float(-np.log2((counts * counts).sum() / float(sample.size) ** 2))
+
+
+def _page_aligned(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` starting on a 4 KiB page."""
+    base = np.empty(nbytes + PAGE, np.uint8)
+    start = -base.ctypes.data % PAGE
+    return base[start : start + nbytes]
 
 
 def _code(plane) -> tuple[bytes | memoryview, bool]:
@@ -223,8 +232,9 @@ class PlaneCodec:
         if sample is None or len(sample) > PROBE_MAX_SHARE * probe.size:
             return None
         # the stored form is written in place: the high section straight after the header (it
-        # is kept only where it fits in the room that saves PLANE_MIN_GAIN), then the low plane
-        out = np.empty(_HEAD.size + 2 * n + size % 2, np.uint8)
+        # is kept only where it fits in the room that saves PLANE_MIN_GAIN), then the low plane;
+        # it starts on a page, so a tier writing with O_DIRECT needs no aligned copy of it
+        out = _page_aligned(_HEAD.size + 2 * n + size % 2)
         at = _HEAD.size
         room = int(n * (1 - PLANE_MIN_GAIN))
         hi_len = _kvcore.o1_encode_into(high, shift, maxbits, out[at : at + room])

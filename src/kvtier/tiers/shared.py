@@ -152,7 +152,6 @@ def open_or_degrade(what: str, optional: bool, check: Callable[[], None]) -> str
     return None
 
 
-
 @dataclass
 class _CallFlags:
     """Whether a bounded call has returned, and whether its caller gave up on it first."""

@@ -303,3 +303,55 @@ def test_unlocked_reads_never_return_a_block_whose_slot_was_refilled():
     assert len(tier._touched) <= 4096
     out = np.empty(size, np.uint8)
     assert tier.get_into(keys[1], out) is not None and out[0] == 399 % 251
+
+
+def test_a_lent_slot_is_stored_in_place_and_stays_until_given_back():
+    tier = MemoryTier(NS_A, 3 * 72 * 1024, pin=False)  # three 68 KiB slots once sized
+    k1, k2 = make_key(1), make_key(2)
+    assert tier.put(k2, make_payload(k2, 0, 64 * 1024))  # sizes the slots
+    buf = tier.lend(64 * 1024)
+    assert buf is not None and buf.nbytes == 64 * 1024 and buf.ctypes.data % 4096 == 0
+    assert not tier.contains(k1)  # lent, not stored
+    buf[:] = make_payload(k1, 3, 64 * 1024)
+    assert tier.usage().used_bytes == 2 * tier.slot_size
+    assert tier.put(k1, buf)
+    stored = tier.block_views(k1)[0]
+    assert stored.ctypes.data == buf.ctypes.data - 4096  # the header's page: no copy
+    out = np.zeros(64 * 1024, np.uint8)
+    assert tier.get_into(k1, out).raw_len == 64 * 1024
+    assert check_payload(out, 64 * 1024, k1) == 3
+    for i in (3, 4, 5, 6):  # the tier fills; the stored lent block is pinned: never a victim
+        k = make_key(i)
+        assert tier.put(k, make_payload(k, 0, 64 * 1024))
+    assert tier.contains(k1)
+    assert tier.unlend(buf) and not tier.unlend(buf)  # once
+    assert tier.contains(k1)  # given back: an ordinary block now
+    for i in (7, 8, 9):
+        k = make_key(i)
+        assert tier.put(k, make_payload(k, 0, 64 * 1024))
+    assert not tier.contains(k1)  # evicted like any other
+
+
+def test_a_lent_slot_never_stored_is_freed_and_odd_requests_are_declined():
+    tier = MemoryTier(NS_A, 4 * 72 * 1024, pin=False)
+    k = make_key(1)
+    assert tier.put(k, make_payload(k, 0, 64 * 1024))
+    used = tier.usage().used_bytes
+    bufs = [tier.lend(64 * 1024) for _ in range(3)]
+    assert all(b is not None for b in bufs) and tier.lend(64 * 1024) is not None  # k evicted
+    assert not tier.contains(k)
+    for b in bufs:
+        assert tier.unlend(b)
+    assert tier.usage().used_bytes == used  # the one still lent
+    assert tier.lend(1 << 20) is None  # more than a slot holds
+    assert not tier.unlend(np.zeros(16, np.uint8)) and not tier.unlend(b"x")
+    short = tier.lend(64 * 1024)
+    assert short is not None
+    k2 = make_key(2)
+    short[:] = make_payload(k2, 1, 64 * 1024)
+    assert tier.put(k2, short[:1000])  # not the lent buffer itself: stored as a copy
+    assert tier.block_views(k2)[0].ctypes.data != short.ctypes.data - 4096
+    coded = MemoryTier(NS_A, 4 * 72 * 1024, pin=False, codec="kv")
+    assert coded.lend(64 * 1024) is None
+    tier.close()
+    assert not tier.unlend(short)  # closed: nothing lent any more

@@ -128,7 +128,7 @@ class WorkerSide:
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
         # host buffers the saves copy chunks into, back from the writers once stored
-        self._staging = StagingPool.within(self.chunk_bytes)
+        self._staging = StagingPool.within(self.chunk_bytes, lender=self.cache.lender())
         self.names = self.cache.names
         self.counters = ConnectorCounters(self.cache.metrics)
         self.engine: TransferEngine | None = None  # set when vLLM registers its caches
@@ -526,7 +526,11 @@ class WorkerSide:
         else:
             for job in meta.stores:
                 bufs = self._staging.take(len(job.keys))
-                engine.to_host(self._store_places(job), bufs)
+                try:
+                    engine.to_host(self._store_places(job), bufs)
+                except BaseException:
+                    self._give_back(bufs)
+                    raise
                 self._store(job, bufs)
         self.counters.add("store_seconds", time.perf_counter() - began)
 
@@ -572,19 +576,26 @@ class WorkerSide:
 
     def _finish_save(self, save: StepSave, rest: list[int], after) -> None:
         """Copy the layers the forward did not report, then hand every chunk to the tiers."""
+        start = 0  # save.bufs[:start] are the cache's now
         try:
             if rest and self.engine is not None:
                 self.engine.to_host(save.places, save.bufs, rest, after)
             if save.failed:  # a chunk missing a layer is never stored
                 self.counters.add("dropped_chunks", len(save.places))
                 return
-            start = 0
             for job in save.jobs:
                 self._store(job, save.bufs[start : start + len(job.keys)])
                 start += len(job.keys)
         except Exception as exc:  # a dropped save is a later miss, never a failed request
             log.warning("kvtier dropped a step's saves (%s)", exc)
             self.counters.add("dropped_chunks", len(save.places))
+        finally:
+            self._give_back(save.bufs[start:])
+
+    def _give_back(self, bufs: list[np.ndarray]) -> None:
+        """Return save buffers the cache was never handed (a lent slot is freed)."""
+        for buf in bufs:
+            self._staging.give(buf)
 
     def _store(self, job: StoreJob, bufs: list[np.ndarray]) -> None:
         """Hand one job's copied-out chunks to the tiers' writers."""

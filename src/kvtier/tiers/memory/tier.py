@@ -93,6 +93,13 @@ class _Block:
     freed: bool = False  # the slots went back to the arena (may hold another block now)
 
 
+@dataclass(slots=True, eq=False)
+class _Lent:
+    slots: Sequence[int]
+    nbytes: int
+    block: _Block | None = None  # set once a put stored it in place
+
+
 class MemoryTier(Tier):
     """Blocks in host memory, bounded by ``capacity`` bytes of slots."""
 
@@ -142,6 +149,9 @@ class MemoryTier(Tier):
         self._index = self.ledger.index  # never rebound: the C read path holds it
         self._touched: deque[bytes] = deque()  # reads not yet shown to the policy
         self._arena: SlabArena | None = None
+        # lent slots by the address of the payload view handed out: slot, bytes, and the
+        # block once a put committed it (pinned until the lender gives the view back)
+        self._lent: dict[int, _Lent] = {}
         if self._slot_size:
             self._arena = SlabArena(capacity, self._slot_size, self.pinned)
         if self._get1 is not None and _native_get_many is not None:
@@ -282,6 +292,10 @@ class MemoryTier(Tier):
         return results
 
     def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
+        if self._lent and type(payload) is np.ndarray:
+            lent = self._lent.get(payload.ctypes.data)
+            if lent is not None and lent.block is None and payload.nbytes == lent.nbytes:
+                return self._commit(key, lent, payload, meta)
         header_bytes, stored = pack_block(self.namespace, key, payload, self._coded(meta))
         total = HEADER_SIZE + stored.nbytes
         evicted: list[bytes] = []
@@ -304,6 +318,68 @@ class MemoryTier(Tier):
             return True
         finally:
             self._notify_evicted_many(evicted)
+
+    def lend(self, nbytes: int) -> np.ndarray | None:
+        """A writable, page-aligned buffer of ``nbytes`` in a free slot of the arena, or None
+        (a coded tier; a block that does not fit one slot; no room). A later put of exactly
+        this buffer stores it where it lies, without a copy, and keeps it pinned until
+        :meth:`unlend`; a lent buffer never put is freed by :meth:`unlend`. The lender (a
+        :class:`~kvtier.cache.StagingPool`) gives every lent buffer back once."""
+        if self.codec != "raw" or nbytes < 1:
+            return None
+        evicted: list[bytes] = []
+        try:
+            with self._lock:
+                self._drain_locked()
+                arena = self._arena or self._make_arena(HEADER_SIZE + nbytes)
+                if PAGE + nbytes > arena.slot_size:
+                    return None
+                slots = self._alloc_locked(arena, 1)
+                evicted = self.ledger.take_evicted()
+                if slots is None:
+                    return None
+                view = arena.view(slots[0])[PAGE : PAGE + nbytes]
+                self._lent[view.ctypes.data] = _Lent(slots, nbytes)
+                return view
+        finally:
+            self._notify_evicted_many(evicted)
+
+    def unlend(self, buf: object) -> bool:
+        """Take back a buffer from :meth:`lend` (False: not one this tier lent): unpin the
+        block a put made of it, or free its slot when it was never put."""
+        if not self._lent or type(buf) is not np.ndarray:
+            return False
+        with self._lock:
+            lent = self._lent.pop(buf.ctypes.data, None)
+            if lent is None:
+                return False
+            if lent.block is not None:
+                self._unpin_locked(lent.block)
+            elif self._arena is not None:
+                self._arena.free(lent.slots)
+                self.ledger.release(self._arena.slot_size)
+            return True
+
+    def _commit(self, key: bytes, lent: _Lent, payload: np.ndarray, meta: BlockMeta) -> bool:
+        """Store a lent buffer where it lies: its header in the slot's first bytes."""
+        header_bytes, _ = pack_block(self.namespace, key, payload, meta.with_codec("raw"))
+        with self._lock:
+            arena = self._arena
+            if arena is None or self._lent.get(payload.ctypes.data) is not lent:
+                return False  # closed, or given back meanwhile
+            head = arena.view(lent.slots[0])[:HEADER_SIZE]
+            head[:] = np.frombuffer(header_bytes, np.uint8)
+            parsed = parse_header(header_bytes)
+            small = memoryview(payload) if payload.nbytes <= self.gil_copy_max else None
+            block = _Block(
+                lent.slots, parsed, header_bytes, head, [payload], True, payload,
+                (payload.nbytes,), small, pins=1,
+            )  # fmt: skip
+            lent.block = block
+            old = self.ledger.add(key, block, arena.slot_size, meta.value)
+            if old is not None:
+                self._release_locked(old[0])
+        return True
 
     def delete(self, key: bytes) -> bool:
         with self._lock:
@@ -328,6 +404,7 @@ class MemoryTier(Tier):
         with self._lock:
             self.ledger.clear()
             self._touched.clear()
+            self._lent.clear()
             self._arena = None
 
     # --- introspection -----------------------------------------------------------------------

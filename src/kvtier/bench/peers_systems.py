@@ -232,7 +232,8 @@ class KvtierSystem(System):
             block_bytes=geo.chunk_bytes,
         )
         self.cache = TieredCache([self.tier], config)
-        # the worker's save buffers: a memory:// tier's own slots where it lends them
+        # save buffers as a library user keeps them: a memory:// tier's slots where it lends
+        # them (the chunk is copied once, into its place), else reused buffers
         self.staging = StagingPool.within(geo.chunk_bytes, lender=self.cache.lender())
         self.keyer = ChunkKeyer(namespace, geo.chunk_tokens)
         self.meta = BlockMeta(geo.dtype, geo.chunk_shape)

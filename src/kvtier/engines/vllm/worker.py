@@ -128,7 +128,7 @@ class WorkerSide:
         self.chunk_bytes = geometry.chunk_bytes(self.chunk)
         self.cache = open_cache(config, namespace, "worker", self.chunk_bytes)
         # host buffers the saves copy chunks into, back from the writers once stored
-        self._staging = StagingPool.within(self.chunk_bytes, lender=self.cache.lender())
+        self._staging = StagingPool.within(self.chunk_bytes)
         self.names = self.cache.names
         self.counters = ConnectorCounters(self.cache.metrics)
         self.engine: TransferEngine | None = None  # set when vLLM registers its caches

@@ -17,8 +17,9 @@ under the lock before a slot can be reused) and that the stored header still equ
 written; otherwise, and for every other case, it reads again under the lock, pinning the block
 so that its slots outlive the copy. Unlocked reads reach the eviction policy through a queue
 applied, in order, before the policy is next consulted. Process memory is trusted, so the
-payload checksum is not recomputed on a read (``verifies_checksum=False``), but the header
-comparison means a block of another namespace or key, or a damaged header, is never served.
+payload has no checksum (``verifies_checksum=False``: its header's checksum field is 0), but the
+header comparison means a block of another namespace or key, or a damaged header, is never
+served.
 
 The one-block read runs in C where the package was built with its extension (``_fastget.c``,
 ``native=auto|1|0``): ``get_many_into`` is then the C entry itself, with no Python frame for a
@@ -46,10 +47,15 @@ from kvtier.codec import (
     BlockHeader,
     BlockMeta,
     get_codec,
-    pack_block,
     parse_header,
 )
-from kvtier.codec.container import RAW_META, BufferTooSmallError, CorruptBlockError
+from kvtier.codec.container import (
+    RAW_META,
+    BufferTooSmallError,
+    CorruptBlockError,
+    encode_payload,
+    header_bytes,
+)
 from kvtier.errors import ConfigError
 from kvtier.tiers.base import Tier, TierCapabilities, TierURL, TierUsage
 from kvtier.tiers.io.buffers import PAGE, align_up, host_memory
@@ -296,7 +302,7 @@ class MemoryTier(Tier):
             lent = self._lent.get(payload.ctypes.data)
             if lent is not None and lent.block is None and payload.nbytes == lent.nbytes:
                 return self._commit(key, lent, payload, meta)
-        header_bytes, stored = pack_block(self.namespace, key, payload, self._coded(meta))
+        header, stored = self._pack(key, memoryview(payload).cast("B"), self._coded(meta))
         total = HEADER_SIZE + stored.nbytes
         evicted: list[bytes] = []
         try:
@@ -310,7 +316,7 @@ class MemoryTier(Tier):
                 evicted = self.ledger.take_evicted()
             if slots is None:
                 return False
-            block = self._copy_in(arena, slots, header_bytes, stored)
+            block = self._copy_in(arena, slots, header, stored)
             with self._lock:
                 old = self.ledger.add(key, block, need * arena.slot_size, meta.value)
                 if old is not None:
@@ -360,19 +366,27 @@ class MemoryTier(Tier):
                 self.ledger.release(self._arena.slot_size)
             return True
 
+    def _pack(self, key: bytes, raw: memoryview, meta: BlockMeta) -> tuple[bytes, memoryview]:
+        """(header, stored payload) of a block: encoded with ``meta.codec``, its header's
+        checksum left 0 (process memory is trusted and a read compares the whole header, so
+        an xxh3 of the payload would be read by nothing)."""
+        codec_id, meta, stored = encode_payload(raw, meta)
+        head = header_bytes(self.namespace, key, meta, codec_id, raw.nbytes, stored.nbytes, 0)
+        return head, stored
+
     def _commit(self, key: bytes, lent: _Lent, payload: np.ndarray, meta: BlockMeta) -> bool:
         """Store a lent buffer where it lies: its header in the slot's first bytes."""
-        header_bytes, _ = pack_block(self.namespace, key, payload, meta.with_codec("raw"))
+        header, _ = self._pack(key, memoryview(payload).cast("B"), meta.with_codec("raw"))
         with self._lock:
             arena = self._arena
             if arena is None or self._lent.get(payload.ctypes.data) is not lent:
                 return False  # closed, or given back meanwhile
             head = arena.view(lent.slots[0])[:HEADER_SIZE]
-            head[:] = np.frombuffer(header_bytes, np.uint8)
-            parsed = parse_header(header_bytes)
+            head[:] = np.frombuffer(header, np.uint8)
+            parsed = parse_header(header)
             small = memoryview(payload) if payload.nbytes <= self.gil_copy_max else None
             block = _Block(
-                lent.slots, parsed, header_bytes, head, [payload], True, payload,
+                lent.slots, parsed, header, head, [payload], True, payload,
                 (payload.nbytes,), small, pins=1,
             )  # fmt: skip
             lent.block = block

@@ -95,6 +95,52 @@ def test_a_bad_block_falls_back_to_a_slower_tier_holding_a_good_copy(disk_tier, 
     assert cache.load(keys, buffers(3)).corrupt == 0
 
 
+# --- loads where another lookup found the chunks ----------------------------------------------
+def _counting_contains(tier) -> list[int]:
+    calls: list[int] = []
+    inner = tier.contains_many
+
+    def contains_many(keys):
+        calls.append(len(keys))
+        return inner(keys)
+
+    tier.contains_many = contains_many
+    return calls
+
+
+def test_a_load_told_where_each_chunk_is_reads_there_without_locating(
+    memory_tier, disk_tier, make_cache
+):
+    near, far = memory_tier(64, "near"), disk_tier(64, "far")
+    cache = make_cache([near, far])
+    keys = chunk_keys(4)
+    store_all(cache, keys)
+    near.delete(keys[2])  # evicted from the tier the lookup named: the slower one has it
+    calls = [_counting_contains(t) for t in (near, far)]
+    outs = buffers(4)
+    result = cache.load(keys, outs, promised=True, where=[0, 0, 0, 1])
+    assert result.loaded == 4 and result.tiers == [0, 0, 1, 1]
+    assert_loaded(keys, outs, 4)
+    # no lookup (one contains_many of the four keys per tier); at most the promotion of the two
+    # chunks the slower tier served asks the faster one
+    assert calls[1] == [] and all(n <= 2 for n in calls[0])
+    assert result.located == 4
+
+
+def test_a_chunk_no_tier_has_ends_a_told_load_as_not_found(memory_tier, disk_tier, make_cache):
+    near, far = memory_tier(64, "near"), disk_tier(64, "far")
+    cache = make_cache([near, far])
+    keys = chunk_keys(4)
+    store_all(cache, keys[:2])
+    result = cache.load(keys, buffers(4), where=[0, 0, 0, 0])
+    assert (result.loaded, result.located, result.errors, result.corrupt) == (2, 2, 0, 0)
+    # a wrong or short answer is not trusted: the cache locates the chunks itself
+    calls = _counting_contains(near)
+    assert cache.load(keys, buffers(4), where=[0, 5, 0, 0]).loaded == 2
+    assert cache.load(keys, buffers(4), where=[0]).loaded == 2
+    assert len(calls) == 2
+
+
 # --- the long lookup -------------------------------------------------------------------------
 def test_lookup_of_512_chunks_over_memory_and_disk(memory_tier, disk_tier, make_cache):
     """Correctness only; ``time_lookup`` (used by the bench) measures its speed."""

@@ -185,6 +185,7 @@ class TieredCache(contextlib.AbstractContextManager):
         outs: Sequence,
         lookup: LookupResult | None = None,
         promised: bool = False,
+        where: Sequence[int] | None = None,
     ) -> LoadResult:
         """Read the leading hit chunks of ``keys`` into ``outs`` (one buffer per chunk).
 
@@ -192,19 +193,35 @@ class TieredCache(contextlib.AbstractContextManager):
         ``outs[:loaded]`` hold the prefix and nothing after it may be used. Pass the
         ``lookup`` just made to skip locating again. ``promised``: another process's lookup
         found these chunks, so tiers that list other processes' blocks lazily refresh their
-        listing before a chunk is called missing. Chunks served by a slower tier are copied
-        into the faster write-through tiers in the background (promotion).
+        listing before a chunk is called missing. ``where``: the tier each chunk was found in
+        by such a lookup: each is read there, without locating it again (a round trip to
+        every shared tier), and a chunk missing there is looked for in the slower tiers.
+        Chunks served by a slower tier are copied into the faster write-through tiers in the
+        background (promotion).
         """
         guard = self._guard
         start = time.perf_counter()
-        found = lookup if lookup is not None else self._locate(keys, record=True)
-        if promised and lookup is None and found.hit_chunks < len(keys) and self._refresh():
-            found = self._locate(keys, record=False)
+        named = (
+            where is not None
+            and len(where) >= len(keys)
+            and all(0 <= t < len(self._tiers) for t in where[: len(keys)])
+        )
+        if lookup is not None:
+            found = lookup
+        elif named:
+            assert where is not None
+            tiers = list(where[: len(keys)])
+            found = LookupResult(len(keys), tiers, self.names, 0.0, self.config.chunk_tokens)
+        else:
+            found = self._locate(keys, record=True)
+            if promised and found.hit_chunks < len(keys) and self._refresh():
+                found = self._locate(keys, record=False)
         loc = found.tiers
         n = min(len(loc), len(outs), len(keys))
         served: list[int] = []
         headers: list[BlockHeader] = []
         corrupt = errors = skipped = 0
+        missing = n  # with ``where``: the first chunk no tier had
         for t, i, j in found.runs(n):
             results = guard.read(t, keys[i:j], outs[i:j])
             stopped = False
@@ -213,10 +230,11 @@ class TieredCache(contextlib.AbstractContextManager):
                 if not isinstance(result, BlockHeader):
                     skipped += result is SKIPPED
                     c, e = guard.account(t, keys[i + off], result)
-                    corrupt, errors = corrupt + c, errors + e
-                    at, header, c, e = guard.read_below(t, keys[i + off], outs[i + off])
-                    corrupt, errors = corrupt + c, errors + e
+                    at, header, c2, e2 = guard.read_below(t, keys[i + off], outs[i + off])
+                    corrupt, errors = corrupt + c + c2, errors + e + e2
                     if header is None:
+                        if not (c or e or c2 or e2):
+                            missing = i + off
                         stopped = True
                         break
                 served.append(at)
@@ -240,7 +258,7 @@ class TieredCache(contextlib.AbstractContextManager):
             served,
             corrupt=corrupt,
             errors=errors,
-            located=len(loc),
+            located=missing if named and lookup is None else len(loc),
             skipped=skipped,
         )
 

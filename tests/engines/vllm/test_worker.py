@@ -99,6 +99,26 @@ def test_saves_copy_into_buffers_the_writers_give_back_for_the_next_saves(worker
         assert torch.equal(layer[8:10].view(torch.int16), layer[3:5].view(torch.int16))
 
 
+def test_a_load_reads_where_the_scheduler_found_each_chunk_without_looking_again(worker):
+    side, caches = worker
+    keys = [bytes([40 + i]) * 16 for i in range(3)]
+    side.bind(KVTierMetadata(stores=[StoreJob("r1", tuple(keys), ((0, 1), (2, 3), (4, 5)))]))
+    side.wait_for_save()
+    side.unbind()
+    assert side.flush(10)
+    asked: list[int] = []
+    for tier in side.cache.tiers:
+        inner = tier.contains_many
+        tier.contains_many = lambda ks, inner=inner: asked.append(len(ks)) or inner(ks)
+    loads = tuple(ChunkLoad(k, (6 + 2 * i, 7 + 2 * i)) for i, k in enumerate(keys))
+    side.bind(KVTierMetadata(loads=[LoadJob("r2", loads, (0, 0, 0), sync=True)]))
+    side.start_load_kv()
+    side.unbind()
+    assert side.take_errors() == set() and asked == []
+    for layer in caches:
+        assert torch.equal(layer[6:12].view(torch.int16), layer[0:6].view(torch.int16))
+
+
 def test_a_missing_chunk_is_reported_as_failed_blocks(worker):
     side, _ = worker
     job = LoadJob("r3", (ChunkLoad(b"x" * 16, (4, 5)),), (0,))

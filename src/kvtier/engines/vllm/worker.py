@@ -407,7 +407,8 @@ class WorkerSide:
         chunks: list[Any] = list(bufs)
         straight = self._read_straight(job, keys, chunks)
         try:
-            result = self.cache.load(keys[straight:], bufs[straight:], promised=True)
+            where = job.tiers[straight:] if len(job.tiers) == len(job.chunks) else None
+            result = self.cache.load(keys[straight:], bufs[straight:], promised=True, where=where)
             loaded = straight + result.loaded
         except Exception as exc:  # the cache never raises for a tier; this is a last guard
             log.warning("kvtier load failed (%s); vLLM recomputes", exc)

@@ -819,6 +819,29 @@ py_merge(PyObject *self, PyObject *args)
     return planes_call(args, 1);
 }
 
+/* Whether an encoder's arguments are valid; ValueError when not. */
+static int
+encode_args_ok(size_t n, int shift, int maxbits)
+{
+    if (shift >= 0 && shift <= 7 && (maxbits == MAXBITS || maxbits == NARROW) &&
+        n / NSTREAMS * MAXBITS / 8 + 16 <= UINT32_MAX)
+        return 1;
+    PyErr_SetString(PyExc_ValueError,
+                    "o1_encode: shift 0-7, maxbits MAXBITS or NARROW, a plane under 2**34");
+    return 0;
+}
+
+/* encode_o1 of a plane with the GIL released: the section's size, 0 when it does not fit */
+static size_t
+encode_released(const Py_buffer *plane, int shift, int maxbits, uint8_t *dst, size_t cap)
+{
+    size_t got, n = (size_t)plane->len;
+    Py_BEGIN_ALLOW_THREADS;
+    got = n ? encode_o1(plane->buf, n, (unsigned)shift, (unsigned)maxbits, dst, cap) : 0;
+    Py_END_ALLOW_THREADS;
+    return got;
+}
+
 static PyObject *
 py_o1_encode(PyObject *self, PyObject *args)
 {
@@ -828,12 +851,8 @@ py_o1_encode(PyObject *self, PyObject *args)
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)plane.len;
-    if (shift < 0 || shift > 7 || (maxbits != MAXBITS && maxbits != NARROW) ||
-        n / NSTREAMS * MAXBITS / 8 + 16 > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError,
-                        "o1_encode: shift 0-7, maxbits MAXBITS or NARROW, a plane under 2**34");
+    if (!encode_args_ok(n, shift, maxbits))
         goto out;
-    }
     /* a section no smaller than the plane gains nothing: its capacity is the plane's size */
     int owned;
     uint8_t *buf = scratch_get(SCRATCH_OUT, n, &owned);
@@ -841,10 +860,7 @@ py_o1_encode(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
-    size_t got;
-    Py_BEGIN_ALLOW_THREADS;
-    got = n ? encode_o1(plane.buf, n, (unsigned)shift, (unsigned)maxbits, buf, n) : 0;
-    Py_END_ALLOW_THREADS;
+    size_t got = encode_released(&plane, shift, maxbits, buf, n);
     res = got ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)got) : Py_NewRef(Py_None);
     scratch_done(buf, owned);
 out:
@@ -861,19 +877,9 @@ py_o1_encode_into(PyObject *self, PyObject *args)
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)plane.len;
-    if (shift < 0 || shift > 7 || (maxbits != MAXBITS && maxbits != NARROW) ||
-        n / NSTREAMS * MAXBITS / 8 + 16 > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError,
-                        "o1_encode_into: shift 0-7, maxbits MAXBITS or NARROW, a plane under 2**34");
+    if (!encode_args_ok(n, shift, maxbits))
         goto done;
-    }
-    size_t got;
-    Py_BEGIN_ALLOW_THREADS;
-    got = n ? encode_o1(plane.buf, n, (unsigned)shift, (unsigned)maxbits, out.buf,
-                        (size_t)out.len)
-            : 0;
-    Py_END_ALLOW_THREADS;
-    res = PyLong_FromSize_t(got);
+    res = PyLong_FromSize_t(encode_released(&plane, shift, maxbits, out.buf, (size_t)out.len));
 done:
     PyBuffer_Release(&out);
     PyBuffer_Release(&plane);

@@ -42,7 +42,7 @@ def shared_url(request, monkeypatch):
 
 def test_shared_tiers_store_kv_coded_by_default_and_give_back_the_same_bytes(shared_url):
     meta = BlockMeta("bf16", SHAPE)
-    blocks = [_kv_block(i) for i in range(3)]
+    blocks = [_kv_block(i) for i in range(7)]  # a batch the codec threads encode ahead
     for codec, suffix in (("kv", ""), ("raw", "&codec=raw")):
         tier = open_tier(shared_url + suffix, NS)
         try:

@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_block, parse_header
+from kvtier.codec.parallel import EncodeAhead
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierURL, TierUsage
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
@@ -258,22 +259,40 @@ class RedisTier(SharedTier):
                     return [False]
                 return [True]
         out: list[bool] = []
-        for run in batches(items, self.options.batch):
-            out += self._put_run(run)
+        decoders = self._decoders
+        if self.codec == "raw" or not decoders.parallel:
+            for run in batches(items, self.options.batch):
+                out += self._put_run(run, [self._packed(*item) for item in run])
+            return out
+        # coded blocks encode on the codec threads a few ahead while earlier ones are sent, a
+        # pipeline of as many blocks as there are threads at a time
+        ahead = EncodeAhead(
+            decoders, range(len(items)), lambda i: self._packed(*items[i]), 2 * decoders.threads
+        )
+        try:
+            step = min(self.options.batch, decoders.threads)
+            for a in range(0, len(items), step):
+                run = items[a : a + step]
+                out += self._put_run(run, [ahead.get(i) for i in range(a, a + len(run))])
+        finally:
+            ahead.cancel()
         return out
 
     def _packed(self, key: bytes, payload, meta: BlockMeta) -> tuple[bytes, memoryview]:
         return pack_block(self.namespace, key, payload, meta)
 
-    def _put_run(self, run: Sequence[tuple[bytes, object, BlockMeta]]) -> list[bool]:
-        """One pipeline (or one command) for the blocks of one value; one transaction per split
-        block."""
+    def _put_run(
+        self,
+        run: Sequence[tuple[bytes, object, BlockMeta]],
+        packed: Sequence[tuple[bytes, memoryview]],
+    ) -> list[bool]:
+        """One pipeline (or one command) for the blocks of one value (``packed``: each one's
+        header and stored payload); one transaction per split block."""
         o = self.options
         px = int(o.ttl * 1000) or None
         replies: list = [None] * len(run)
         split: list[tuple[int, bytes]] = []
         single: list[tuple[int, str, object]] = []
-        packed = self._encode_all(self._packed, run)
         for i, ((key, _, _), (header, stored)) in enumerate(zip(run, packed, strict=True)):
             if len(header) + stored.nbytes > o.max_value:
                 split.append((i, b"".join((header, stored))))

@@ -238,6 +238,33 @@ def test_a_batch_lands_in_its_buffers_whatever_each_reply_is(
     tier.close()
 
 
+def test_coded_blocks_decode_as_they_arrive_from_reused_staging(redis_server, tmp_path):
+    """A batch of coded blocks, a damaged one among them: each lands in a staging buffer, is
+    decoded (or refused) on the codec threads, and its buffer goes back to be used again."""
+    tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), timeout=1), NS_A)
+    size = 96 * 1024
+    keys = [make_key(i, b"coded") for i in range(6)]
+    blocks = [
+        ((np.arange(size // 2, dtype=np.uint16) * (i + 1)) % 64 + 0x3F00).view(np.uint8)
+        for i in range(6)
+    ]
+    meta = BlockMeta("bf16", (size // 2,))
+    assert tier.put_many([(k, b, meta) for k, b in zip(keys, blocks, strict=True)]) == [True] * 6
+    broken = bytearray(tier.client.get(tier.name_of(keys[3])))
+    broken[-1] ^= 1
+    tier.client.set(tier.name_of(keys[3]), bytes(broken))
+    for _ in range(3):
+        outs = [np.zeros(size, np.uint8) for _ in keys]
+        got = tier.get_many_into(keys, outs)
+        assert isinstance(got[3], CorruptBlockError)
+        for i in (0, 1, 2, 4, 5):
+            assert isinstance(got[i], BlockHeader) and got[i].meta.codec == "kv"
+            assert np.array_equal(outs[i], blocks[i])
+    staged = tier._staging
+    assert 0 < len(staged._free) <= staged.keep  # every buffer back, at most keep kept
+    tier.close()
+
+
 def test_a_buffer_too_small_drops_the_connection_not_the_next_read(redis_server, tmp_path):
     tier = open_tier(_url(redis_server.url, prefix=_prefix(tmp_path), timeout=1), NS_A)
     key = make_key(1, b"small")

@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -103,13 +104,18 @@ def read_values(
     outs: Sequence,
     namespace: bytes,
     window: int | None = None,
-) -> list[BlockHeader | BlockError | bytes | None]:
+    coded: Callable[[Coded], object] | None = None,
+    stage: Callable[[int], np.ndarray] | None = None,
+) -> list:
     """Send ``GET name`` for each name on ``conn`` and read each reply.
 
     Per name: the block's header (its raw payload checked in the matching ``out``), a
-    :class:`Coded` block still to check and decode, a BlockError for a block that fails its
-    checks (a miss), None for a missing key, or the value's bytes where the block is not whole
-    in this one value (the caller's general path takes it).
+    :class:`Coded` block still to check and decode (or what ``coded`` made of it as soon as it
+    arrived: e.g. its decode started on another thread, so the next replies are read
+    meanwhile), a BlockError for a block that fails its checks (a miss), None for a missing
+    key, or the value's bytes where the block is not whole in this one value (the caller's
+    general path takes it). A coded block's bytes land in a buffer of ``stage(n)`` (at least
+    ``n`` bytes, handed back with the block as :attr:`Coded.lent`), else in a new one.
 
     The GETs go out in windows of about ``window`` bytes of replies (by the buffers' sizes;
     :data:`WINDOW_BYTES` by default), the next window asked for as soon as the current one's
@@ -134,8 +140,10 @@ def read_values(
         for g, (a, b) in enumerate(groups):
             # the server is writing window g once its first reply line is here: ask for the
             # next window then, so it copies that while this one drains
-            out.append(_one(wire, keys[a], outs[a], namespace, lambda g=g: send(g + 1)))
-            out += [_one(wire, keys[i], outs[i], namespace) for i in range(a + 1, b)]
+            for i in range(a, b):
+                started = (lambda g=g: send(g + 1)) if i == a else None
+                got = _one(wire, keys[i], outs[i], namespace, started, stage)
+                out.append(coded(got) if coded is not None and isinstance(got, Coded) else got)
         return out
     except TimeoutError:
         raise RedisTimeoutError(
@@ -146,7 +154,14 @@ def read_values(
         raise RedisConnectionError(f"Error reading from the Redis server: {exc}") from None
 
 
-def _one(wire: _Wire, key: bytes, out, namespace: bytes, started: Callable[[], None] | None = None):
+def _one(
+    wire: _Wire,
+    key: bytes,
+    out,
+    namespace: bytes,
+    started: Callable[[], None] | None = None,
+    stage: Callable[[int], np.ndarray] | None = None,
+):
     line = wire.line()
     if started is not None:
         started()
@@ -182,11 +197,18 @@ def _one(wire: _Wire, key: bytes, out, namespace: bytes, started: Callable[[], N
             f"buffer of {target.nbytes} bytes cannot hold a {header.raw_len}-byte block"
         )
     raw = header.meta.codec == "raw" and header.stored_len == header.raw_len
-    stored = target[: header.raw_len] if raw else memoryview(bytearray(header.stored_len))
+    lent = None
+    if raw:
+        stored = target[: header.raw_len]
+    elif stage is not None:
+        lent = stage(header.stored_len)
+        stored = memoryview(lent).cast("B")[: header.stored_len]
+    else:
+        stored = memoryview(bytearray(header.stored_len))
     wire.read_into(stored)
     wire.skip(2)
     if not raw:
-        return Coded(head, stored, header, target)
+        return Coded(head, stored, header, target, lent)
     try:
         verify_parts(head, (stored,), header)
     except BlockError as exc:
@@ -202,6 +224,7 @@ class Coded:
     stored: memoryview
     header: BlockHeader
     target: memoryview
+    lent: np.ndarray | None = None  # the staging buffer ``stored`` lies in, to give back
 
     def finish(self) -> BlockHeader | BlockError:
         """Check the checksum and decode into the caller's buffer; the header or the error."""

@@ -14,8 +14,10 @@ cache skips the tier for its back-off.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, wait
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -29,6 +31,7 @@ from kvtier.codec import HEADER_SIZE, BlockError, BlockHeader, BlockMeta, pack_b
 from kvtier.codec.parallel import EncodeAhead
 from kvtier.errors import ConfigError, TierUnavailableError
 from kvtier.tiers.base import TierURL, TierUsage
+from kvtier.tiers.io.buffers import BufferPool
 from kvtier.tiers.redis.connection import Pieces, ValueConnection, ValueSSLConnection
 from kvtier.tiers.redis.direct_read import WINDOW_BYTES, Coded, byte_windows, read_values
 from kvtier.tiers.redis.options import RedisOptions
@@ -205,22 +208,49 @@ class RedisTier(SharedTier):
         split over several values takes the general path."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
+        started: list[Future] = []  # coded blocks decode while the next replies arrive
+
+        def decode(block: Coded) -> Future:
+            started.append(self._decoders.submit(self._finish, block))
+            return started[-1]
+
         try:
-            got = read_values(conn, [self.name_of(k) for k in keys], keys, outs, self.namespace)
+            got = read_values(
+                conn,
+                [self.name_of(k) for k in keys],
+                keys,
+                outs,
+                self.namespace,
+                coded=decode,
+                stage=self._staging.take,
+            )
         except BaseException:
             conn.disconnect()  # possibly mid-reply: never back in use as it is
+            wait(started)  # no decode may write into the caller's buffers after this returns
             raise
         finally:
             pool.release(conn)
-        coded = [i for i, value in enumerate(got) if isinstance(value, Coded)]
-        finished = self._decoders.map(Coded.finish, [(got[i],) for i in coded])
-        for i, done in zip(coded, finished, strict=True):
-            got[i] = done
+        for i, value in enumerate(got):
+            if isinstance(value, Future):
+                got[i] = value.result()
         for i, value in enumerate(got):
             if isinstance(value, bytes):
                 (whole,) = self._whole([keys[i]], [value])
                 got[i] = self._decode_into(keys[i], whole, outs[i])
         return got
+
+    def _finish(self, block: Coded) -> BlockHeader | BlockError:
+        """Check and decode a coded block read off the wire, then give its staging back."""
+        try:
+            return block.finish()
+        finally:
+            if block.lent is not None:
+                self._staging.give(block.lent)
+
+    @functools.cached_property
+    def _staging(self) -> BufferPool:
+        """Buffers coded blocks land in until decoded (reused: no fresh pages per read)."""
+        return BufferPool(keep=4 * self._decoders.threads)
 
     def _whole(self, keys: Sequence[bytes], firsts: list) -> list:
         """The whole stored objects: the parts of a split block are read again, all in one

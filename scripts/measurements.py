@@ -920,8 +920,9 @@ def render_peers(reports: list[Report]) -> list[str]:
         "",
         "`kvtier bench peers` stores, looks up and retrieves the same KV chunks through kvtier's "
         "tiers (`memory://`, `slab://`, `redis://`, `mooncake://`: the product's path, chunk keys "
-        "from token ids, one `TieredCache`, each chunk copied out of the engine's KV as the vLLM "
-        "connector does, loads straight into the destination), LMCache's storage engine run as a "
+        "from token ids, one `TieredCache`, each chunk copied once out of the engine's KV into a "
+        "reused save buffer (for `memory://`, a slot the tier lends, stored where it lies), loads "
+        "straight into the destination), LMCache's storage engine run as a "
         "library (local CPU, local disk, Redis; the bench's own CPU connector copies chunk bytes "
         "between the KV buffer and LMCache's memory objects) and Mooncake Store's own Python "
         "client, next to the raw floor of each medium (a memcpy, fio, redis-py, Mooncake's "

@@ -109,14 +109,18 @@ def _plane(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
     return (120 + walk).astype(np.uint8)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
+#: A plane of each kind (see ``_plane``), coded with every context shift and both code-length
+#: limits; the tests add the plane's length.
+PLANE_CASES = dict(
     kind=st.sampled_from(["one", "uniform", "skewed", "walk"]),
-    n=st.one_of(st.integers(1, 70), st.integers(1000, 60_000)),
     shift=st.integers(0, 7),
     maxbits=st.sampled_from([K.NARROW, K.MAXBITS]),
     seed=st.integers(0, 2**32 - 1),
 )
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.one_of(st.integers(1, 70), st.integers(1000, 60_000)), **PLANE_CASES)
 def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
     """Both code-length limits (each has its own decoder tables in C)."""
     plane = _plane(kind, n, np.random.default_rng(seed))
@@ -132,13 +136,7 @@ def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    kind=st.sampled_from(["one", "uniform", "skewed", "walk"]),
-    n=st.one_of(st.integers(1, 70), st.integers(1000, 200_000)),
-    shift=st.integers(0, 7),
-    maxbits=st.sampled_from([K.NARROW, K.MAXBITS]),
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(n=st.one_of(st.integers(1, 70), st.integers(1000, 200_000)), **PLANE_CASES)
 def test_o1_encode_into_writes_the_same_section_or_says_it_has_no_room(
     kind, n, shift, maxbits, seed
 ):

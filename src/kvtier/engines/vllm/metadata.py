@@ -70,6 +70,12 @@ class LoadJob:
     sync: bool = False  # loaded before this step's forward (the request runs in this step)
 
     @property
+    def tiers_per_chunk(self) -> bool:
+        """Whether ``tiers`` names each chunk's tier (a load may then read each chunk there
+        without locating it again)."""
+        return len(self.tiers) == len(self.chunks)
+
+    @property
     def block_ids(self) -> list[int]:
         """The blocks this load writes in the first KV-cache group, in order."""
         return [b for c in self.chunks for b in c.block_ids]

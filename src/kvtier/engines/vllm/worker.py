@@ -351,13 +351,8 @@ class WorkerSide:
         half = len(job.chunks) // 2
         if half < SPLIT_CHUNKS:
             return self._load(job, after)
-        first, rest = job.tiers[:half], job.tiers[half:]
-        if len(job.tiers) != len(job.chunks):
-            first = rest = job.tiers
-        second = self._sync_pool.submit(
-            self._load, replace(job, chunks=job.chunks[half:], tiers=rest), after
-        )
-        failed = self._load(replace(job, chunks=job.chunks[:half], tiers=first), after)
+        second = self._sync_pool.submit(self._load, _part(job, half, len(job.chunks)), after)
+        failed = self._load(_part(job, 0, half), after)
         return failed + second.result()
 
     def _load(self, job: LoadJob, after=None) -> list[int]:
@@ -407,7 +402,7 @@ class WorkerSide:
         chunks: list[Any] = list(bufs)
         straight = self._read_straight(job, keys, chunks)
         try:
-            where = job.tiers[straight:] if len(job.tiers) == len(job.chunks) else None
+            where = job.tiers[straight:] if job.tiers_per_chunk else None
             result = self.cache.load(keys[straight:], bufs[straight:], promised=True, where=where)
             loaded = straight + result.loaded
         except Exception as exc:  # the cache never raises for a tier; this is a last guard
@@ -442,7 +437,7 @@ class WorkerSide:
         device memory (``file://…&gds=1``) there, putting them in ``chunks``; how many. A
         chunk it cannot serve ends the run (the cache's host path reads the rest); a damaged
         one is deleted from that tier."""
-        if self._straight is None or self.engine is None or len(job.tiers) != len(job.chunks):
+        if self._straight is None or self.engine is None or not job.tiers_per_chunk:
             return 0  # without a tier per chunk, the cache finds them
         index, tier = self._straight
         run = 0
@@ -594,7 +589,7 @@ class WorkerSide:
             self._give_back(save.bufs[start:])
 
     def _give_back(self, bufs: list[np.ndarray]) -> None:
-        """Return save buffers the cache was never handed (a lent slot is freed)."""
+        """Return save buffers the cache was never handed to the pool."""
         for buf in bufs:
             self._staging.give(buf)
 
@@ -720,7 +715,7 @@ def straight_tier(tiers: Sequence[Any]) -> tuple[int, Any] | None:
 
 def _part(job: LoadJob, start: int, end: int) -> LoadJob:
     """Chunks ``start:end`` of a load (its tiers with them, when given per chunk)."""
-    tiers = job.tiers[start:end] if len(job.tiers) == len(job.chunks) else job.tiers
+    tiers = job.tiers[start:end] if job.tiers_per_chunk else job.tiers
     return replace(job, chunks=job.chunks[start:end], tiers=tiers)
 
 

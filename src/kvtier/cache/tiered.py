@@ -201,15 +201,15 @@ class TieredCache(contextlib.AbstractContextManager):
         """
         guard = self._guard
         start = time.perf_counter()
-        named = (
-            where is not None
+        told = (  # the chunks' tiers from a lookup elsewhere, each a tier of this cache
+            lookup is None
+            and where is not None
             and len(where) >= len(keys)
             and all(0 <= t < len(self._tiers) for t in where[: len(keys)])
         )
         if lookup is not None:
             found = lookup
-        elif named:
-            assert where is not None
+        elif told and where is not None:
             tiers = list(where[: len(keys)])
             found = LookupResult(len(keys), tiers, self.names, 0.0, self.config.chunk_tokens)
         else:
@@ -258,7 +258,7 @@ class TieredCache(contextlib.AbstractContextManager):
             served,
             corrupt=corrupt,
             errors=errors,
-            located=missing if named and lookup is None else len(loc),
+            located=missing if told else len(loc),
             skipped=skipped,
         )
 

@@ -47,6 +47,7 @@
 #define HEAD_BYTES (12 + 33) /* version .. shift, symbol count (u64), context bitmap */
 #define MIN_CTX_COUNT 4096 /* a context seen fewer times shares the fallback table */
 #define ENC_LANES 4 /* streams the encoder writes in turn (NSTREAMS is a multiple) */
+_Static_assert(ENC_LANES == 4 && NSTREAMS % ENC_LANES == 0, "encode_common's LANES4: 4 lanes");
 #define CHECK_EVERY 16    /* rounds of look-ups between overrun checks */
 #define PAD 1024          /* zero bytes after the copy: > 8 * CHECK_EVERY + 8 */
 #ifndef LANES
@@ -548,7 +549,6 @@ encode_common(const uint8_t *plane, const size_t *start, size_t common, const ui
         }
     }
 }
-
 
 /* Encode ``plane`` into ``dst`` (capacity ``cap``) with codes of at most ``maxbits`` bits; the
  * section's size, or 0 when it does not fit (the caller then stores the plane another way). */

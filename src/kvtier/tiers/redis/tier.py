@@ -292,7 +292,7 @@ class RedisTier(SharedTier):
         decoders = self._decoders
         if self.codec == "raw" or not decoders.parallel:
             for run in batches(items, self.options.batch):
-                out += self._put_run(run, [self._packed(*item) for item in run])
+                out += self._put_run(run, self._encode_all(self._packed, run))
             return out
         # coded blocks encode on the codec threads a few ahead while earlier ones are sent, a
         # pipeline of as many blocks as there are threads at a time

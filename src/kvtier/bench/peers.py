@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -152,18 +152,10 @@ class PeersConfig:
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
         return {
-            "model": self.model,
-            "payload": self.payload,
-            "chunk_rounds": self.chunk_rounds,
-            "prefix_tokens": self.prefix_tokens,
-            "prefix_rounds": self.prefix_rounds,
-            "requests": self.requests,
-            "throughput_rounds": self.throughput_rounds,
-            "depths": list(self.depths),
-            "chunk_tokens": self.chunk_tokens,
-            "geometry": self.geometry.as_dict(),
+            **asdict(self),
             "directory": str(self.directory),
-            "raw_twins": self.raw_twins,
+            "depths": list(self.depths),
+            "geometry": self.geometry.as_dict(),
         }
 
 

@@ -4,7 +4,7 @@ run), the tables, the JSON document and the plot."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Group
@@ -44,17 +44,7 @@ class Target:
 
     def as_dict(self) -> dict:
         """Plain JSON-ready dict."""
-        return {
-            "tier_class": self.tier_class,
-            "what": self.what,
-            "kvtier": self.kvtier,
-            "peer": self.peer,
-            "kvtier_value": self.kvtier_value,
-            "peer_value": self.peer_value,
-            "ratio": self.ratio,
-            "bound": self.bound,
-            "met": self.met,
-        }
+        return asdict(self)
 
 
 def _p50(result: SystemResult, phase: str, op: str) -> float | None:

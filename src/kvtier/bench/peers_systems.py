@@ -16,7 +16,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,14 +64,9 @@ class Geometry:
         return (self.layers, 2, self.kv_heads, self.chunk_tokens, self.head_dim)
 
     def as_dict(self) -> dict:
-        """Plain JSON-ready dict."""
+        """Plain JSON-ready dict, with the derived sizes."""
         return {
-            "model": self.model,
-            "layers": self.layers,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "dtype": self.dtype,
-            "chunk_tokens": self.chunk_tokens,
+            **asdict(self),
             "bytes_per_token": self.bytes_per_token,
             "chunk_bytes": self.chunk_bytes,
         }

@@ -27,15 +27,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvtier.codec import (
-    HEADER_SIZE,
-    BlockError,
-    BlockHeader,
-    BlockMeta,
-    BufferTooSmallError,
-    CorruptBlockError,
-    ForeignBlockError,
-)
+from kvtier import codec
+from kvtier.codec import HEADER_SIZE, BlockHeader, BlockMeta
 from kvtier.policy.eviction import POLICIES
 from kvtier.tiers.base import Tier
 
@@ -257,7 +250,7 @@ class TierConformance:
 
     def test_buffer_too_small(self, tier: Tier):
         key = self._put(tier, 1)
-        with pytest.raises(BufferTooSmallError):
+        with pytest.raises(codec.BufferTooSmallError):
             tier.get_into(key, np.zeros(self.block_bytes - 1, np.uint8))
         check_payload(self._read(tier, key), self.block_bytes, key)
 
@@ -335,7 +328,9 @@ class TierConformance:
             assert source.put(key, make_payload(key, 9, self.block_bytes))
         if not self.corrupt(tier, key, how, other_key=other, other_tier=source):
             pytest.skip(f"{type(tier).__name__} cannot be damaged by {how!r} in tests")
-        expected = ForeignBlockError if how in ("foreign", "swap") else CorruptBlockError
+        expected = (
+            codec.ForeignBlockError if how in ("foreign", "swap") else codec.CorruptBlockError
+        )
         with pytest.raises(expected):
             tier.get_into(key, np.zeros(self.block_bytes, np.uint8))
         outs = [np.zeros(self.block_bytes, np.uint8) for _ in range(2)]
@@ -344,7 +339,7 @@ class TierConformance:
         assert isinstance(results[1], BlockHeader)
         assert check_payload(outs[1], self.block_bytes, spare) == 3
         if how == "swap":
-            with pytest.raises(ForeignBlockError):
+            with pytest.raises(codec.ForeignBlockError):
                 tier.get_into(other, np.zeros(self.block_bytes, np.uint8))
         tier.delete(key)  # what the cache does with a bad block
         assert tier.get_into(key, np.zeros(self.block_bytes, np.uint8)) is None
@@ -503,7 +498,7 @@ class TierConformance:
                     batch = rng.sample(keys, 3)
                     results = tier.get_many_into(batch, outs)
                     for bk, res, o in zip(batch, results, outs, strict=True):
-                        assert not isinstance(res, BlockError), res
+                        assert not isinstance(res, codec.BlockError), res
                         if res is not None:
                             check_payload(o, n, bk)
                             seen[0] += 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvtier.errors import ConfigError
 from kvtier.policy.admission import AdmissionPolicy, FrequencyAdmission
@@ -224,18 +224,10 @@ class BlockLedger(Generic[E]):
             if not self.free_one(drop, reclaim=reclaim, spill=spill, pinned=pinned):
                 return False, None
 
-    def shrink(
-        self,
-        drop: Callable[[bytes, E, int], None],
-        *,
-        reclaim: Callable[[], int] | None = None,
-        spill: Callable[[bytes, E], None] | None = None,
-        pinned: Pinned | None = None,
-    ) -> None:
-        """Reclaim kept room, then evict, until the books fit within the limit."""
-        while self.used + self.kept > self.limit:
-            if not self.free_one(drop, reclaim=reclaim, spill=spill, pinned=pinned):
-                return
+    def shrink(self, drop: Callable[[bytes, E, int], None], **hooks: Any) -> None:
+        """Reclaim kept room, then evict, until the books fit within the limit: room for a
+        write of nothing (``hooks``: :meth:`make_room`'s ``reclaim``, ``spill``, ``pinned``)."""
+        self.make_room(0, drop, **hooks)
 
     def free_one(
         self,

@@ -14,6 +14,7 @@ client's error), so the cache skips the tier for a while (its back-off) instead 
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 import threading
@@ -101,6 +102,19 @@ class SharedTier(Tier):
 
     def put(self, key: bytes, payload, meta: BlockMeta = RAW_META) -> bool:
         return self.put_many([(key, payload, meta)])[0]
+
+    def get_many_into(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        if len(keys) != len(outs):
+            raise ValueError("get_many_into needs one buffer per key")
+        return self._get_many(keys, outs) if keys else []
+
+    @abc.abstractmethod
+    def _get_many(
+        self, keys: Sequence[bytes], outs: Sequence
+    ) -> list[BlockHeader | BlockError | None]:
+        """:meth:`get_many_into` of a non-empty batch with one buffer per key."""
 
     def delete(self, key: bytes) -> bool:
         return self.delete_many([key])[0]

@@ -25,17 +25,15 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvtier.codec import (
-    HEADER_SIZE,
+from kvtier.codec import HEADER_SIZE, BlockHeader, BlockMeta, get_codec, parse_header
+from kvtier.codec.container import (
     BlockError,
-    BlockHeader,
-    BlockMeta,
     BufferTooSmallError,
     CorruptBlockError,
-    get_codec,
-    parse_header,
+    Encoded,
+    encode_payload,
+    header_bytes,
 )
-from kvtier.codec.container import Encoded, encode_payload, header_bytes
 from kvtier.errors import ConfigError
 from kvtier.tiers.files.base import NOSPACE, BlockIOError, FileTier
 from kvtier.tiers.files.options import SlabOptions

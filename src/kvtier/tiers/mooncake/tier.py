@@ -207,13 +207,9 @@ class MooncakeTier(SharedTier):
             out += [c == 1 and n not in self._pending for n, c in zip(run, codes, strict=True)]
         return out
 
-    def get_many_into(
+    def _get_many(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) != len(outs):
-            raise ValueError("get_many_into needs one buffer per key")
-        if not keys:
-            return []
         store, _ = self._client()
         results: list[BlockHeader | BlockError | None] = []
         for a, b in self._runs([memoryview(o).nbytes for o in outs]):

@@ -181,11 +181,9 @@ class RedisTier(SharedTier):
             out += [bool(n) for n in pipe.execute()]
         return out
 
-    def get_many_into(
+    def _get_many(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) != len(outs):
-            raise ValueError("get_many_into needs one buffer per key")
         results: list[BlockHeader | BlockError | None] = []
         for run, run_outs in zip(
             batches(keys, self.options.batch), batches(outs, self.options.batch), strict=True

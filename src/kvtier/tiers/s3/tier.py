@@ -235,11 +235,9 @@ class S3Tier(SharedTier):
         metas = self._run([partial(self._head, k) for k in keys], 0)
         return [m is not None and self._fresh(m) for m in metas]
 
-    def get_many_into(
+    def _get_many(
         self, keys: Sequence[bytes], outs: Sequence
     ) -> list[BlockHeader | BlockError | None]:
-        if len(keys) != len(outs):
-            raise ValueError("get_many_into needs one buffer per key")
         values = self._run([partial(self._get, k) for k in keys], len(keys) * self._largest)
         for value in values:
             if value is not None and len(value) > self._largest:

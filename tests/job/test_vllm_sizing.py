@@ -49,8 +49,8 @@ def test_a_concave_fit_falls_back_to_a_line():
 
 def test_the_phase_budget_leaves_room_for_the_second_server():
     b = TimeBudget(total_s=300, spent_s=45, next_start_s=45, margin_s=10, kvtier_factor=1.0)
-    assert b.phase_s() == pytest.approx((300 - 45 - 45 - 10) / 2)
-    assert TimeBudget(total_s=10, spent_s=60).phase_s() == 0.0
+    assert b.phase_s == pytest.approx((300 - 45 - 45 - 10) / 2)
+    assert TimeBudget(total_s=10, spent_s=60).phase_s == 0.0
 
 
 def test_the_working_set_counts_a_shared_prefix_once():

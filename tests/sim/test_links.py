@@ -11,7 +11,7 @@ def test_transfers_on_one_link_queue_behind_each_other():
     first = book(0.0, [Leg(link, 1e9)])
     second = book(0.0, [Leg(link, 1e9)])
     assert first.end == pytest.approx(1.001) and second.end == pytest.approx(2.001)
-    assert link.busy_s == pytest.approx(2.0) and link.bytes_moved == 2e9
+    assert link.use.busy_s == pytest.approx(2.0) and link.use.bytes_moved == 2e9
     assert link.backlog_s(0.5) == pytest.approx(1.5)
 
 

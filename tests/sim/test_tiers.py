@@ -25,7 +25,7 @@ def test_the_codec_ratio_shrinks_what_a_block_costs_and_what_the_medium_moves():
         assert t.offer(k, 1000, 0.0, None) is not None
     assert t.ledger.usage().blocks == 4 and t.written_bytes == 4 * 666
     read = t.read([b"a"], 1500, 10.0, None)
-    assert t.medium.bytes_moved == 4 * 666 + 1000 and read.end > 10.0
+    assert t.medium.use.bytes_moved == 4 * 666 + 1000 and read.end > 10.0
 
 
 def test_admission_after_two_offers_keeps_one_hit_wonders_out():
@@ -36,4 +36,4 @@ def test_admission_after_two_offers_keeps_one_hit_wonders_out():
 
 def test_a_warm_block_is_held_without_io():
     t = tier(capacity_bytes=2000)
-    assert t.hold(b"a", 1000) and t.holds(b"a", 0.0) and t.medium.bytes_moved == 0
+    assert t.hold(b"a", 1000) and t.holds(b"a", 0.0) and t.medium.use.bytes_moved == 0

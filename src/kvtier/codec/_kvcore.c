@@ -129,31 +129,36 @@ scratch_done(void *p, int owned)
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
-/* v[i][j] = r[j][i] for a 16x16 byte matrix (four rounds of unpacks). */
+/* The body of a 16x16 byte transpose, v[i][j] = r[j][i] (four rounds of unpacks), on vectors
+ * of type T with the intrinsics of prefix P: _mm, one matrix; _mm256, one per 128-bit lane. */
+#define TRANSPOSE16_BODY(T, P)                                                             \
+    {                                                                                      \
+        T a[16], b[4][4], c[2][8];                                                         \
+        for (int p = 0; p < 8; p++) {                                                      \
+            a[2 * p] = P##_unpacklo_epi8(r[2 * p], r[2 * p + 1]);                          \
+            a[2 * p + 1] = P##_unpackhi_epi8(r[2 * p], r[2 * p + 1]);                      \
+        }                                                                                  \
+        for (int q = 0; q < 4; q++) {                                                      \
+            b[q][0] = P##_unpacklo_epi16(a[4 * q], a[4 * q + 2]);                          \
+            b[q][1] = P##_unpackhi_epi16(a[4 * q], a[4 * q + 2]);                          \
+            b[q][2] = P##_unpacklo_epi16(a[4 * q + 1], a[4 * q + 3]);                      \
+            b[q][3] = P##_unpackhi_epi16(a[4 * q + 1], a[4 * q + 3]);                      \
+        }                                                                                  \
+        for (int h = 0; h < 2; h++)                                                        \
+            for (int u = 0; u < 4; u++) {                                                  \
+                c[h][2 * u] = P##_unpacklo_epi32(b[2 * h][u], b[2 * h + 1][u]);            \
+                c[h][2 * u + 1] = P##_unpackhi_epi32(b[2 * h][u], b[2 * h + 1][u]);        \
+            }                                                                              \
+        for (int m = 0; m < 8; m++) {                                                      \
+            v[2 * m] = P##_unpacklo_epi64(c[0][m], c[1][m]);                               \
+            v[2 * m + 1] = P##_unpackhi_epi64(c[0][m], c[1][m]);                           \
+        }                                                                                  \
+    }
+
+/* v[i][j] = r[j][i] for a 16x16 byte matrix. */
 static inline void
 transpose16(const __m128i *r, __m128i *v)
-{
-    __m128i a[16], b[4][4], c[2][8];
-    for (int p = 0; p < 8; p++) {
-        a[2 * p] = _mm_unpacklo_epi8(r[2 * p], r[2 * p + 1]);
-        a[2 * p + 1] = _mm_unpackhi_epi8(r[2 * p], r[2 * p + 1]);
-    }
-    for (int q = 0; q < 4; q++) {
-        b[q][0] = _mm_unpacklo_epi16(a[4 * q], a[4 * q + 2]);
-        b[q][1] = _mm_unpackhi_epi16(a[4 * q], a[4 * q + 2]);
-        b[q][2] = _mm_unpacklo_epi16(a[4 * q + 1], a[4 * q + 3]);
-        b[q][3] = _mm_unpackhi_epi16(a[4 * q + 1], a[4 * q + 3]);
-    }
-    for (int h = 0; h < 2; h++)
-        for (int u = 0; u < 4; u++) {
-            c[h][2 * u] = _mm_unpacklo_epi32(b[2 * h][u], b[2 * h + 1][u]);
-            c[h][2 * u + 1] = _mm_unpackhi_epi32(b[2 * h][u], b[2 * h + 1][u]);
-        }
-    for (int m = 0; m < 8; m++) {
-        v[2 * m] = _mm_unpacklo_epi64(c[0][m], c[1][m]);
-        v[2 * m + 1] = _mm_unpackhi_epi64(c[0][m], c[1][m]);
-    }
-}
+TRANSPOSE16_BODY(__m128i, _mm)
 #define SIMD_PLANES 1
 #else
 #define SIMD_PLANES 0
@@ -205,28 +210,7 @@ split_group(const uint8_t *raw, uint8_t *restrict high, uint8_t *restrict low, s
 /* transpose16 on both 128-bit lanes at once: two 16x16 byte matrices. */
 __attribute__((target("avx2"))) static inline void
 transpose16x2(const __m256i *r, __m256i *v)
-{
-    __m256i a[16], b[4][4], c[2][8];
-    for (int p = 0; p < 8; p++) {
-        a[2 * p] = _mm256_unpacklo_epi8(r[2 * p], r[2 * p + 1]);
-        a[2 * p + 1] = _mm256_unpackhi_epi8(r[2 * p], r[2 * p + 1]);
-    }
-    for (int q = 0; q < 4; q++) {
-        b[q][0] = _mm256_unpacklo_epi16(a[4 * q], a[4 * q + 2]);
-        b[q][1] = _mm256_unpackhi_epi16(a[4 * q], a[4 * q + 2]);
-        b[q][2] = _mm256_unpacklo_epi16(a[4 * q + 1], a[4 * q + 3]);
-        b[q][3] = _mm256_unpackhi_epi16(a[4 * q + 1], a[4 * q + 3]);
-    }
-    for (int h = 0; h < 2; h++)
-        for (int u = 0; u < 4; u++) {
-            c[h][2 * u] = _mm256_unpacklo_epi32(b[2 * h][u], b[2 * h + 1][u]);
-            c[h][2 * u + 1] = _mm256_unpackhi_epi32(b[2 * h][u], b[2 * h + 1][u]);
-        }
-    for (int m = 0; m < 8; m++) {
-        v[2 * m] = _mm256_unpacklo_epi64(c[0][m], c[1][m]);
-        v[2 * m + 1] = _mm256_unpackhi_epi64(c[0][m], c[1][m]);
-    }
-}
+TRANSPOSE16_BODY(__m256i, _mm256)
 
 /* merge_group's path on 32 channels a step (channels a multiple of 32); ``stream``: streaming
  * stores (``out`` 32-aligned). */

@@ -654,7 +654,7 @@ def _size(
     pool_tokens = config.pool_blocks * BLOCK_TOKENS
     if not config.fit_budget:
         return size_workload(config.workload, speed, float("inf"), pool_tokens, config.concurrency)
-    return size_workload(config.workload, speed, budget.phase_s(), pool_tokens, config.concurrency)
+    return size_workload(config.workload, speed, budget.phase_s, pool_tokens, config.concurrency)
 
 
 def _phase(

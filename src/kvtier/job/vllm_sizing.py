@@ -97,6 +97,7 @@ class TimeBudget:
     margin_s: float = 15.0
     kvtier_factor: float = 1.0
 
+    @property
     def phase_s(self) -> float:
         """Seconds one vLLM-alone phase may take."""
         left = self.total_s - self.spent_s - self.next_start_s - self.margin_s

@@ -8,7 +8,7 @@ from typing import Literal
 from kvtier.errors import ConfigError
 from kvtier.policy.store_admission import ADMIT_MODES
 from kvtier.sim.tiers import TierSpec
-from kvtier.sim.timing import StepTimer
+from kvtier.sim.timing import VLLM_CPU_BATCHED_TOKENS, StepTimer
 
 Preemption = Literal["recompute", "offload"]
 Scheduling = Literal["fcfs", "priority"]
@@ -36,7 +36,7 @@ class EngineSpec:
     pool_blocks: int
     block_tokens: int
     kv_bytes_per_token: float
-    max_batched_tokens: int = 2048
+    max_batched_tokens: int = VLLM_CPU_BATCHED_TOKENS
     max_seqs: int = 128
     watermark: float = 0.0
     prefix_caching: bool = True

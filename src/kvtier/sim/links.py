@@ -17,16 +17,24 @@ from kvtier.errors import ConfigError
 
 
 @dataclass
+class LinkUse:
+    """What a link has carried: bytes, seconds it was busy, transfers."""
+
+    bytes_moved: float = 0.0
+    busy_s: float = 0.0
+    transfers: int = 0
+
+
+@dataclass
 class LinkQueue:
-    """One FCFS link: ``bandwidth`` bytes/s, ``latency_s`` per transfer; counts what it moved."""
+    """One FCFS link: ``bandwidth`` bytes/s, ``latency_s`` per transfer, busy until
+    ``free_at``; ``use`` counts what it moved."""
 
     name: str
     bandwidth: float
     latency_s: float = 0.0
     free_at: float = 0.0
-    bytes_moved: float = 0.0
-    busy_s: float = 0.0
-    transfers: int = 0
+    use: LinkUse = field(default_factory=LinkUse)
 
     def __post_init__(self) -> None:
         if self.bandwidth <= 0 or self.latency_s < 0:
@@ -35,6 +43,14 @@ class LinkQueue:
     def backlog_s(self, now: float) -> float:
         """Seconds a transfer offered now waits before it starts."""
         return max(0.0, self.free_at - now)
+
+    def hold(self, begin: float, seconds: float, nbytes: float) -> float:
+        """Take the link from ``begin`` for ``seconds`` to move ``nbytes``; when it is free."""
+        self.free_at = begin + seconds
+        self.use.busy_s += seconds
+        self.use.bytes_moved += nbytes
+        self.use.transfers += 1
+        return self.free_at
 
 
 @dataclass(frozen=True)
@@ -66,11 +82,7 @@ def book(now: float, legs: Sequence[Leg]) -> Transfer:
         link = leg.link
         begin = max(now, link.free_at)
         hold = leg.nbytes / (leg.rate or link.bandwidth)
-        link.free_at = begin + hold
-        link.busy_s += hold
-        link.bytes_moved += leg.nbytes
-        link.transfers += 1
-        end = max(end, begin + hold)
+        end = max(end, link.hold(begin, hold, leg.nbytes))
         latency += link.latency_s
     return Transfer(start, end + latency, list(legs))
 
@@ -83,4 +95,4 @@ def unbooked_seconds(legs: Sequence[Leg]) -> float:
     return slowest + sum(leg.link.latency_s for leg in legs)
 
 
-__all__ = ["Leg", "LinkQueue", "Transfer", "book", "unbooked_seconds"]
+__all__ = ["Leg", "LinkQueue", "LinkUse", "Transfer", "book", "unbooked_seconds"]

@@ -29,12 +29,11 @@ from kvtier.cost.calibration import CalibrationError, fit_transfer, nnls_relativ
 from kvtier.errors import ConfigError
 from kvtier.sim.config import EngineSpec, FrontendSpec, KvtierSpec, SimConfig
 from kvtier.sim.tiers import TierSpec
-from kvtier.sim.timing import MeasuredTimer
+from kvtier.sim.timing import VLLM_CPU_BATCHED_TOKENS, MeasuredTimer
 from kvtier.workloads.requests import TraceRequest
 
-#: vLLM's block on this CPU backend and its OpenAI server's token budget per step there.
+#: vLLM's block on this CPU backend.
 VLLM_CPU_BLOCK_TOKENS = 128
-VLLM_CPU_BATCHED_TOKENS = 2048
 #: Blocks of vLLM's pool no request can use (its block pool keeps one "null" block).
 VLLM_NULL_BLOCKS = 1
 #: Read speeds of the connector's tiers when a report has no loads to fit them from

@@ -180,10 +180,10 @@ def build_result(
     span = sum(totals.values())
     links = {
         name: {
-            "bytes": link.bytes_moved,
-            "busy_s": link.busy_s,
-            "utilization": link.busy_s / makespan,
-            "transfers": link.transfers,
+            "bytes": link.use.bytes_moved,
+            "busy_s": link.use.busy_s,
+            "utilization": link.use.busy_s / makespan,
+            "transfers": link.use.transfers,
         }
         for name, link in sorted(link_queues.items())
     }

@@ -25,6 +25,9 @@ from kvtier.cost.calibration import DecodeFit, PrefillFit
 from kvtier.cost.compute import RooflineCompute
 from kvtier.errors import ConfigError
 
+#: The engine's token budget per step unless told: vLLM's OpenAI server's on its CPU backend.
+VLLM_CPU_BATCHED_TOKENS = 2048
+
 
 class StepTimer(Protocol):
     """Seconds of one engine step, and the fixed cost of a request outside the steps."""
@@ -71,7 +74,7 @@ class MeasuredTimer:
     attention_s: float = 0.0
     context_s: float = 0.0
     request_overhead_s: float = 0.0
-    budget: int = 2048
+    budget: int = VLLM_CPU_BATCHED_TOKENS
     seq_s: float = 0.0
     chunk_s: float = 0.0
 
@@ -193,7 +196,7 @@ class ProfileTimer:
     prefill: PrefillFit
     decode: DecodeFit | None = None
     request_overhead_s: float = 0.0
-    budget: int = 2048
+    budget: int = VLLM_CPU_BATCHED_TOKENS
 
     def step_seconds(
         self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]

@@ -101,3 +101,31 @@ def test_dram_and_disk_in_front_of_redis_fall_through_to_the_next_copy(
             assert np.array_equal(out, kv_chunk(key))
     finally:
         cache.close()
+
+
+def test_a_cache_of_one_shared_tier_loads_without_asking_first(redis_tier):
+    """Its read answers as a lookup would: no ``contains_many`` round trip before it, and the
+    first chunk the server lacks ends the load as not found."""
+    import numpy as np
+
+    from kvtier.cache import CacheConfig, TieredCache
+    from kvtier.testing.cache_conformance import CHUNK_TOKENS, META, chunk_keys, kv_chunk
+
+    shared = redis_tier(64)
+    cache = TieredCache([shared], CacheConfig(chunk_tokens=CHUNK_TOKENS))
+    try:
+        keys = chunk_keys(4)
+        cache.store(keys[:3], [kv_chunk(k) for k in keys[:3]], META)
+        assert cache.flush(timeout=30)
+        asked: list[int] = []
+        inner = shared.contains_many
+        shared.contains_many = lambda ks: asked.append(len(ks)) or inner(ks)
+        outs = [np.zeros_like(kv_chunk(k)) for k in keys]
+        result = cache.load(keys, outs)
+        assert (result.loaded, result.located, result.errors, result.corrupt) == (3, 3, 0, 0)
+        assert asked == []
+        for key, out in zip(keys[:3], outs[:3], strict=True):
+            assert np.array_equal(out, kv_chunk(key))
+        assert not outs[3].any()
+    finally:
+        cache.close()

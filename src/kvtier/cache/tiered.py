@@ -65,6 +65,8 @@ class TieredCache(contextlib.AbstractContextManager):
             functools.partial(self._locate, record=False),
         )
         self._eviction_listeners: list[Callable[[str, bytes], None]] = []
+        # one tier whose store answers every read (a shared one: nothing listed here first)
+        self._reads_first = len(self._tiers) == 1 and self._tiers[0].capabilities.shared
         self._closed = False
         self._close_lock = threading.Lock()
         for i, tier in enumerate(self._tiers):
@@ -197,10 +199,13 @@ class TieredCache(contextlib.AbstractContextManager):
         by such a lookup: each is read there, without locating it again (a round trip to
         every shared tier), and a chunk missing there is looked for in the slower tiers.
         Chunks served by a slower tier are copied into the faster write-through tiers in the
-        background (promotion).
+        background (promotion). A cache of one shared tier reads without locating first: its
+        read answers as a lookup would, one round trip instead of two.
         """
         guard = self._guard
         start = time.perf_counter()
+        if lookup is None and where is None and self._reads_first:
+            where = [0] * len(keys)  # its one tier answers a read as a lookup would
         told = (  # the chunks' tiers from a lookup elsewhere, each a tier of this cache
             lookup is None
             and where is not None

@@ -19,7 +19,7 @@ test:
 # long I/O (marked slow or services); make test stays the whole suite and CI's command.
 check: $(VENV)/.vllm
 	bash scripts/system-deps.sh
-	bash scripts/test.sh -q -p no:cacheprovider -m "not slow and not services"
+	bash scripts/test.sh -q -p no:cacheprovider -m "not slow and not services" -n 2
 
 lint: $(VENV)/.core
 	$(BIN)/ruff check src tests

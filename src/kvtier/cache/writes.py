@@ -71,10 +71,12 @@ class Writes:
         as no writer needs it (at once for what is copied or not queued)."""
         guard, metrics = self._guard, self._guard.metrics
         lent = release is not None and not copy
-        live = [t for t in self.through if guard.up(t)] if keys and not self._closed else []
-        for t in self.through if keys and not self._closed else ():
-            if t not in live:
-                metrics.count(t, dropped_writes=len(keys))
+        live: list[int] = []
+        if keys and not self._closed:
+            live = [t for t in self.through if guard.up(t)]
+            for t in self.through:
+                if t not in live:
+                    metrics.count(t, dropped_writes=len(keys))
         take = min(len(keys), max(self._writers[t].room() for t in live)) if live else 0
         if copy:
             data = [bytes(memoryview(p).cast("B")) for p in payloads[:take]]

@@ -580,8 +580,9 @@ class WorkerSide:
                 self.counters.add("dropped_chunks", len(save.places))
                 return
             for job in save.jobs:
-                self._store(job, save.bufs[start : start + len(job.keys)])
-                start += len(job.keys)
+                bufs = save.bufs[start : start + len(job.keys)]
+                start += len(job.keys)  # the cache's from here, even if _store fails after
+                self._store(job, bufs)  # handing them over: never given back twice
         except Exception as exc:  # a dropped save is a later miss, never a failed request
             log.warning("kvtier dropped a step's saves (%s)", exc)
             self.counters.add("dropped_chunks", len(save.places))

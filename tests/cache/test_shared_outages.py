@@ -14,6 +14,7 @@ import pytest
 
 from kvtier.cache import CacheConfig, TieredCache
 from kvtier.codec import BlockHeader
+from kvtier.errors import TierUnavailableError
 from kvtier.testing.cache_conformance import (
     CHUNK_BYTES,
     META,
@@ -54,6 +55,20 @@ def _in_shared(tier, n: int) -> bool:
         return all(isinstance(tier.get_into(k, out), BlockHeader) for k in keys)
     except Exception:
         return False
+
+
+def _take_a_write(probe) -> None:
+    """Put one object through ``probe`` until the server takes it: a new S3 bucket's first write
+    allocates a volume, and a just-restarted SeaweedFS refuses writes until its filer reaches
+    its master again (a server that never takes one within 30 s fails the test)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            probe.put(b"w" * 16, b"warm")
+            return
+        except TierUnavailableError:
+            assert time.monotonic() < deadline, "the server took no write within 30 s"
+            time.sleep(0.2)
 
 
 def _warm(cache: TieredCache, probe, requests: int) -> None:
@@ -100,7 +115,7 @@ def test_workload_survives_a_dead_or_hung_server(spawn_server, monkeypatch, kind
     probe = open_tier(slow, NAMESPACE.id)
     cache = TieredCache([memory, shared], CacheConfig(chunk_tokens=16))
     try:
-        probe.put(b"w" * 16, b"warm")  # a new S3 bucket's first write allocates its volume
+        _take_a_write(probe)  # a new S3 bucket's first write allocates its volume
         _warm(cache, probe, 6)  # the shared tier holds them all; memory only the last two
         assert _request(cache, 0)[0] == CHUNKS  # from the shared tier
 
@@ -125,7 +140,7 @@ def test_workload_survives_a_dead_or_hung_server(spawn_server, monkeypatch, kind
         if sig == "kill":
             server = spawn_server.restart(server)  # on the same port(s); Redis comes back empty
             if kind == "s3":  # a restarted SeaweedFS allocates its volume again, as at the start
-                probe.put(b"w" * 16, b"warm")
+                _take_a_write(probe)
         else:
             server.signal(signal.SIGCONT)
         back = time.monotonic()

@@ -128,9 +128,10 @@ def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
     if section is None:  # only where it would not beat the plane stored as is
         return
     assert len(section) < n and section[1] == maxbits
-    out = np.full(n + 8, 0x5A, np.uint8)
-    K.o1_decode(section, out[:n])
-    assert np.array_equal(out[:n], plane) and (out[n:] == 0x5A).all()
+    for threads in (1, 2):  # two: half the streams on a thread of their own
+        out = np.full(n + 8, 0x5A, np.uint8)
+        K.o1_decode(section, out[:n], threads)
+        assert np.array_equal(out[:n], plane) and (out[n:] == 0x5A).all()
     if n <= 5000:
         assert np.array_equal(planes.o1_decode_py(section, n), plane)
 
@@ -194,8 +195,9 @@ def test_damaged_o1_sections_fail_or_stay_within_their_output():
     goods = [(s, n) for s, n in goods if s is not None]
     for section, n in goods:
         for keep in (0, 3, 36, 40, len(section) // 2, len(section) - 1):
-            with pytest.raises(ValueError):
-                K.o1_decode(section[:keep], np.empty(n, np.uint8))
+            for threads in (1, 2):
+                with pytest.raises(ValueError):
+                    K.o1_decode(section[:keep], np.empty(n, np.uint8), threads)
     deadline, tries = time.monotonic() + 2.0, 0
     while time.monotonic() < deadline:
         section, n = goods[tries % len(goods)]
@@ -205,10 +207,37 @@ def test_damaged_o1_sections_fail_or_stay_within_their_output():
             bad[int(rng.integers(0, min(near, len(bad))))] = int(rng.integers(0, 256))
         out = np.full(n + 64, 0x5A, np.uint8)
         with contextlib.suppress(ValueError):
-            K.o1_decode(bytes(bad), out[:n])
+            K.o1_decode(bytes(bad), out[:n], 1 + tries % 2)
         assert (out[n:] == 0x5A).all()
         tries += 1
     assert tries > 50
+
+
+@pytest.mark.parametrize(
+    ("tokens", "channels", "groups", "extra"),
+    [(256, 64, 180, 0), (16, 16, 1, 0), (16, 32, 3, 5), (7, 3, 40, 1)],
+)
+def test_decode_planes_on_two_threads_writes_what_one_thread_writes(
+    tokens, channels, groups, extra
+):
+    """The streams split between two threads, then the merge's groups (one group: no split)."""
+    rng = np.random.default_rng(tokens + groups)
+    n = tokens * channels * groups + extra
+    raw = np.empty(2 * n, np.uint8)
+    raw[0::2] = rng.integers(0, 256, n, dtype=np.uint8)
+    raw[1::2] = _plane("walk", n, rng)
+    high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
+    K.split(raw, high, low, tokens, channels)
+    section = K.o1_encode(high, 0)
+    assert section is not None
+    for threads in (1, 2):
+        out = np.full(2 * n + 32, 0x5A, np.uint8)
+        K.decode_planes(section, True, low, out[: 2 * n], tokens, channels, threads)
+        assert np.array_equal(out[: 2 * n], raw) and (out[2 * n :] == 0x5A).all()
+        bad = bytearray(section)
+        bad[len(bad) // 2 :] = bytes(len(bad) - len(bad) // 2)  # the later streams zeroed
+        with pytest.raises(ValueError):
+            K.decode_planes(bytes(bad), True, low, out[: 2 * n], tokens, channels, threads)
 
 
 def test_decode_planes_checks_its_sizes():

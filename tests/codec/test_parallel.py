@@ -3,12 +3,13 @@ closed, and the C decode really runs on several threads at once."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
-from kvtier.codec.parallel import Decoders, EncodeAhead
+from kvtier.codec.parallel import Decoders, EncodeAhead, spare_core
 
 
 def test_map_keeps_the_order_and_uses_several_threads():
@@ -100,3 +101,14 @@ def test_encode_ahead_reraises_an_items_error_and_runs_inline_on_one_core():
             assert ahead.get(3) == 3
         finally:
             decoders.close()
+
+
+def test_a_codec_thread_has_no_spare_core_and_another_thread_has_one_where_it_may_run_on_two():
+    """A block decoded on the pool's own threads stays on its thread (its neighbours decode the
+    batch's other blocks); elsewhere it may take a second core when the process has one."""
+    pool = Decoders(threads=2)
+    try:
+        assert pool.submit(spare_core).result() is False
+    finally:
+        pool.close()
+    assert spare_core() is (len(os.sched_getaffinity(0)) > 1)

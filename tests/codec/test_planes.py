@@ -4,13 +4,15 @@ kvtier does not know is a CorruptBlockError; blocks decode concurrently."""
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from kvtier.codec.errors import CorruptBlockError
-from kvtier.codec.planes import _HEAD, MODE_O1, MODE_PLANES, PlaneCodec
+from kvtier.codec.parallel import Decoders
+from kvtier.codec.planes import _HEAD, MODE_O1, MODE_PLANES, PARALLEL_PLANE, PlaneCodec
 
 SHAPE = (2, 2, 3, 32, 16)
 
@@ -100,6 +102,29 @@ def test_blocks_decode_exactly_on_several_threads_at_once():
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(decode, range(len(blocks))))
+
+
+def test_a_large_block_decodes_exactly_on_its_own_thread_and_on_a_codec_thread():
+    """A block of at least PARALLEL_PLANE symbols splits its decode over two threads where the
+    caller has a core to spare (not on the pool's threads): the same bytes either way, and a
+    damaged one is corrupt on both paths."""
+    shape = (8, 2, 4, 256, 64)  # a million bf16 values
+    data = _block("bf16", 5, shape)
+    assert len(data) // 2 >= PARALLEL_PLANE  # symbols in each plane
+    codec = PlaneCodec()
+    stored = codec.encode(memoryview(data), "bf16", shape)
+    assert _mode(stored) == MODE_O1
+    pool = Decoders(threads=2)
+    try:
+        assert _decode(codec, stored, len(data), "bf16") == data
+        assert pool.submit(_decode, codec, stored, len(data), "bf16").result() == data
+        bad = bytearray(stored)
+        bad[_HEAD.size + len(bad) // 8] ^= 0x5A  # inside the high section's streams
+        for run in (lambda f, *a: f(*a), lambda f, *a: pool.submit(f, *a).result()):
+            with contextlib.suppress(CorruptBlockError):  # or decodes to other bytes
+                assert run(_decode, codec, bytes(bad), len(data), "bf16") != data
+    finally:
+        pool.close()
 
 
 def test_blocks_encode_exactly_on_several_threads_at_once_onto_whole_pages():

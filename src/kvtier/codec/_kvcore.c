@@ -347,6 +347,42 @@ merge_planes(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, siz
     }
 }
 
+/* One share of a merge: planes of n symbols into out. */
+typedef struct {
+    const uint8_t *high, *low;
+    uint8_t *out;
+    size_t n, tokens, channels;
+} MergeJob;
+
+static void *
+merge_thread(void *arg)
+{
+    const MergeJob *job = arg;
+    merge_planes(job->high, job->low, job->out, job->n, job->tokens, job->channels);
+    return NULL;
+}
+
+/* merge_planes, the second half of the groups on a thread of its own when ``threads`` > 1 */
+static void
+merge_planes_on(const uint8_t *high, const uint8_t *low, uint8_t *out, size_t n,
+                size_t tokens, size_t channels, int threads)
+{
+    size_t group = tokens * channels, g = n / group;
+    if (threads < 2 || g < 2) {
+        merge_planes(high, low, out, n, tokens, channels);
+        return;
+    }
+    size_t h = g / 2 * group;
+    MergeJob other = {high + h, low + h, out + 2 * h, n - h, tokens, channels};
+    pthread_t helper;
+    int started = pthread_create(&helper, NULL, merge_thread, &other) == 0;
+    merge_planes(high, low, out, h, tokens, channels);
+    if (started)
+        pthread_join(helper, NULL);
+    else
+        merge_thread(&other);
+}
+
 /* --- Huffman ------------------------------------------------------------------------------- */
 
 static inline unsigned
@@ -671,8 +707,8 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
         if (start[i] < start[i + 1])
             PUT(i, tab_of_ctx[START][plane[start[i]]]);
     uint16_t *pair = (uint16_t *)(mem + sizes[0] + sizes[1]); /* the codes' space, now free */
-    for (unsigned prev = 0; prev < 256; prev++)
-        for (unsigned s = 0; s < 256; s++)
+    for (unsigned s = 0; s < 256; s++) /* written in order: one line after another */
+        for (unsigned prev = 0; prev < 256; prev++)
             pair[s << 8 | prev] = (uint16_t)tab_of_ctx[prev >> shift][s];
     encode_common(plane, start, common, pair, maxbits, acc, bits, w);
     for (int i = 0; i < NSTREAMS; i++)
@@ -710,6 +746,50 @@ static const char *const ERRORS[] = {
     "section holds another number of symbols",
     "out of memory"};
 
+/* One share of a section's streams to decode: the tables and layout decode_o1 prepared, the
+ * streams [lo, hi), and the code it ended with. */
+typedef struct StreamJob {
+    int (*decode)(const struct StreamJob *job); /* the variant's stream decoder */
+    const char *fast;                           /* the look-up tables the main loop reads */
+    size_t stride;                              /* bytes of one context's look-up table */
+    const uint16_t *single;                     /* one symbol a look-up (the streams' tails) */
+    const int *table_of;                        /* table of each context */
+    unsigned shift;
+    uint8_t *out;
+    const size_t *start;           /* stream i's symbols are out[start[i] .. start[i + 1]) */
+    const uint8_t *const *base;    /* each stream's first byte */
+    const uint64_t *limit;         /* each stream's bits */
+    int lo, hi;
+    int rc;
+} StreamJob;
+
+static void *
+stream_thread(void *arg)
+{
+    StreamJob *job = arg;
+    job->rc = job->decode(job);
+    return NULL;
+}
+
+/* Decode every stream of ``job``: the second half on a thread of its own while this one
+ * decodes the first when ``threads`` > 1 (both halves here when no thread starts). */
+static int
+run_streams(StreamJob *job, int threads)
+{
+    if (threads < 2)
+        return job->decode(job);
+    StreamJob other = *job;
+    job->hi = other.lo = NSTREAMS / 2;
+    pthread_t helper;
+    int started = pthread_create(&helper, NULL, stream_thread, &other) == 0;
+    int rc = job->decode(job);
+    if (started)
+        pthread_join(helper, NULL);
+    else
+        stream_thread(&other);
+    return rc ? rc : other.rc;
+}
+
 #define PACKED 0
 #define VARIANT(name) name##_m8
 #define MULTI 8
@@ -739,11 +819,12 @@ static const char *const ERRORS[] = {
 /* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols, with
  * the tables that suit its longest code and bits per symbol. */
 static int
-decode_o1(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
+decode_o1(const uint8_t *sec, size_t len, uint8_t *out, size_t n, int threads)
 {
     if (len >= 2 && sec[1] == NARROW)
-        return decode_o1_n(sec, len, out, n);
-    return len > n / 2 ? decode_o1_m4(sec, len, out, n) : decode_o1_m8(sec, len, out, n);
+        return decode_o1_n(sec, len, out, n, threads);
+    return len > n / 2 ? decode_o1_m4(sec, len, out, n, threads)
+                       : decode_o1_m8(sec, len, out, n, threads);
 }
 
 /* --- Python -------------------------------------------------------------------------------- */
@@ -872,7 +953,7 @@ done:
 
 /* Decode a section into ``out`` (n bytes) without the GIL; 0 or an error code. */
 static int
-decode_section(const Py_buffer *sec, uint8_t *out, size_t n)
+decode_section(const Py_buffer *sec, uint8_t *out, size_t n, int threads)
 {
     size_t len = (size_t)sec->len;
     int owned;
@@ -881,7 +962,7 @@ decode_section(const Py_buffer *sec, uint8_t *out, size_t n)
         return E_MEMORY;
     memcpy(copy, sec->buf, len);
     memset(copy + len, 0, PAD);
-    int rc = decode_o1(copy, len, out, n);
+    int rc = decode_o1(copy, len, out, n, threads);
     scratch_done(copy, owned);
     return rc;
 }
@@ -899,11 +980,12 @@ static PyObject *
 py_o1_decode(PyObject *self, PyObject *args)
 {
     Py_buffer sec, out;
-    if (!PyArg_ParseTuple(args, "y*w*", &sec, &out))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*|i", &sec, &out, &threads))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = decode_section(&sec, out.buf, (size_t)out.len);
+    rc = decode_section(&sec, out.buf, (size_t)out.len, threads);
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&sec);
     PyBuffer_Release(&out);
@@ -914,9 +996,10 @@ static PyObject *
 py_decode_planes(PyObject *self, PyObject *args)
 {
     Py_buffer high, low, out;
-    int coded;
+    int coded, threads = 1;
     Py_ssize_t tokens, channels;
-    if (!PyArg_ParseTuple(args, "y*py*w*nn", &high, &coded, &low, &out, &tokens, &channels))
+    if (!PyArg_ParseTuple(args, "y*py*w*nn|i", &high, &coded, &low, &out, &tokens, &channels,
+                          &threads))
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)low.len;
@@ -933,11 +1016,11 @@ py_decode_planes(PyObject *self, PyObject *args)
     int owned = 0;
     if (coded) {
         plane = scratch_get(SCRATCH_PLANE, n, &owned);
-        rc = plane ? decode_section(&high, plane, n) : E_MEMORY;
+        rc = plane ? decode_section(&high, plane, n, threads) : E_MEMORY;
         hi = plane;
     }
     if (rc == OK)
-        merge_planes(hi, low.buf, out.buf, n, (size_t)tokens, (size_t)channels);
+        merge_planes_on(hi, low.buf, out.buf, n, (size_t)tokens, (size_t)channels, threads);
     if (plane)
         scratch_done(plane, owned);
     Py_END_ALLOW_THREADS;

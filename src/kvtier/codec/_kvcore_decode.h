@@ -107,9 +107,133 @@ VARIANT(rounds)(const char *base, size_t rounds, const uint8_t **s_rp, uint64_t 
     VARIANT(rounds_body)(base, rounds, s_rp, s_buf, s_nxt, s_o);
 }
 
-/* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols. */
+/* Decode streams [job->lo, job->hi) of a section whose tables decode_o1 built (see
+ * StreamJob); 0 or an error code. Streams share nothing but the tables, which they only read,
+ * so two jobs of one section run at once. */
 static int
-VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
+VARIANT(streams)(const StreamJob *job)
+{
+    const char *fast = job->fast;
+    const size_t stride = job->stride;
+    const uint16_t *single = job->single;
+    const int *table_of = job->table_of;
+    const unsigned shift = job->shift;
+    uint8_t *out = job->out;
+    const size_t *start = job->start;
+    const uint8_t *const *base = job->base;
+    const uint64_t *limit = job->limit;
+    const int lo = job->lo, hi = job->hi;
+    /* each stream's bit reader: the next bits in buf, below a marker bit (so the bits held
+     * are the marker's position), refilled from rp; nxt: its context's control words */
+    const uint8_t *rp[NSTREAMS];
+    uint64_t buf[NSTREAMS];
+    const char *nxt[NSTREAMS];
+    uint8_t *o[NSTREAMS];
+    for (int i = lo; i < hi; i++) {
+        rp[i] = base[i];
+        buf[i] = 1;
+        nxt[i] = fast + (size_t)table_of[START] * stride;
+        o[i] = out + start[i];
+    }
+    /* LANES slots decode together; a stream leaves its slot when it has no room left for a
+     * round of look-ups and the next stream takes it, or an idle lane that decodes zeros
+     * into a sink (so the slots stay in lockstep however the streams' sizes differ). */
+    static const uint8_t zeros[8 * CHECK_EVERY + 8];
+    uint8_t sink[MULTI * WREFILL * CHECK_EVERY + 8];
+    const uint8_t *s_rp[LANES];
+    uint64_t s_buf[LANES];
+    const char *s_nxt[LANES];
+    uint8_t *s_o[LANES], *s_end[LANES];
+    int s_id[LANES], next = lo;
+    for (int j = 0; j < LANES; j++)
+        s_id[j] = -1;
+    for (;;) {
+        int active = 0;
+        for (int j = 0; j < LANES; j++) { /* retire streams short of a round, fill slots */
+            if (s_id[j] >= 0 && (size_t)(s_end[j] - s_o[j]) < MULTI * WREFILL) {
+                int i = s_id[j];
+                rp[i] = s_rp[j], buf[i] = s_buf[j], nxt[i] = s_nxt[j], o[i] = s_o[j];
+                s_id[j] = -1;
+            }
+            while (s_id[j] < 0 && next < hi) {
+                int i = next++;
+                if ((size_t)(out + start[i + 1] - o[i]) < MULTI * WREFILL)
+                    continue;
+                s_rp[j] = rp[i], s_buf[j] = buf[i], s_nxt[j] = nxt[i];
+                s_o[j] = o[i], s_end[j] = out + start[i + 1];
+                s_id[j] = i;
+            }
+            active += s_id[j] >= 0;
+        }
+        if (!active)
+            break;
+        size_t room = SIZE_MAX;
+        for (int j = 0; j < LANES; j++) {
+            if (s_id[j] < 0) {
+                s_rp[j] = zeros, s_buf[j] = 1, s_nxt[j] = fast, s_o[j] = sink;
+                continue;
+            }
+            size_t r = (size_t)(s_end[j] - s_o[j]);
+            room = r < room ? r : room;
+        }
+        size_t rounds = room / (MULTI * WREFILL);
+        rounds = rounds < CHECK_EVERY ? rounds : CHECK_EVERY;
+        uint8_t *before[LANES];
+        for (int j = 0; j < LANES; j++)
+            before[j] = s_o[j];
+        VARIANT(rounds)(fast, rounds, s_rp, s_buf, s_nxt, s_o);
+        /* a stream on a pattern no code starts with stops moving: it shows as a lane that
+         * decoded fewer symbols than look-ups, here or in a later round */
+        unsigned bad = 0;
+        for (int j = 0; j < LANES; j++) {
+            if (s_id[j] < 0)
+                continue;
+            int i = s_id[j];
+            bad |= ((uint64_t)(s_rp[j] - base[i]) * 8 - HELD(s_buf[j]) > limit[i]) |
+                   ((size_t)(s_o[j] - before[j]) < rounds * WREFILL);
+        }
+        if (bad)
+            return E_DATA;
+    }
+    unsigned avail[NSTREAMS];
+    for (int i = lo; i < hi; i++) { /* the tail's readers count their bits */
+        avail[i] = HELD(buf[i]);
+        buf[i] ^= (uint64_t)1 << avail[i];
+    }
+#define CONSUMED(i) ((uint64_t)(rp[i] - base[i]) * 8 - avail[i])
+#define REFILL(i)                                                                             \
+    do {                                                                                      \
+        buf[i] |= *(const u64u *)rp[i] << avail[i];                                           \
+        rp[i] += (63 - avail[i]) >> 3;                                                        \
+        avail[i] |= 56;                                                                       \
+    } while (0)
+    for (int i = lo; i < hi; i++) { /* each stream's last symbols, one at a time */
+        unsigned cur = (unsigned)((size_t)(nxt[i] - fast) / stride);
+        while (o[i] < out + start[i + 1]) {
+            if (avail[i] < WINDOW)
+                REFILL(i);
+            uint16_t e = single[(size_t)cur * WSIZE + (buf[i] & (WSIZE - 1))];
+            if (!(e >> 8))
+                return E_DATA;
+            *o[i]++ = (uint8_t)e;
+            buf[i] >>= e >> 8;
+            avail[i] -= e >> 8;
+            cur = (unsigned)table_of[(e & 255) >> shift];
+            if (CONSUMED(i) > limit[i])
+                return E_DATA;
+        }
+        if ((CONSUMED(i) + 7) / 8 * 8 != limit[i])
+            return E_DATA;
+    }
+#undef REFILL
+#undef CONSUMED
+    return OK;
+}
+
+/* Decode the section (``len`` bytes followed by PAD readable zero bytes) into n symbols, its
+ * streams on ``threads`` threads (1 or 2). */
+static int
+VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n, int threads)
 {
     if (len < HEAD_BYTES)
         return E_SHORT;
@@ -266,118 +390,9 @@ VARIANT(decode_o1)(const uint8_t *sec, size_t len, uint8_t *out, size_t n)
     }
     size_t start[NSTREAMS + 1];
     stream_bounds(n, start);
-    /* each stream's bit reader: the next bits in buf, below a marker bit (so the bits held
-     * are the marker's position), refilled from rp; nxt: its context's control words */
-    const uint8_t *rp[NSTREAMS];
-    uint64_t buf[NSTREAMS];
-    const char *nxt[NSTREAMS];
-    uint8_t *o[NSTREAMS];
-    for (int i = 0; i < NSTREAMS; i++) {
-        rp[i] = base[i];
-        buf[i] = 1;
-        nxt[i] = fast + (size_t)table_of[START] * stride;
-        o[i] = out + start[i];
-    }
-    /* LANES slots decode together; a stream leaves its slot when it has no room left for a
-     * round of look-ups and the next stream takes it, or an idle lane that decodes zeros
-     * into a sink (so the slots stay in lockstep however the streams' sizes differ). */
-    static const uint8_t zeros[8 * CHECK_EVERY + 8];
-    uint8_t sink[MULTI * WREFILL * CHECK_EVERY + 8];
-    const uint8_t *s_rp[LANES];
-    uint64_t s_buf[LANES];
-    const char *s_nxt[LANES];
-    uint8_t *s_o[LANES], *s_end[LANES];
-    int s_id[LANES], next = 0;
-    for (int j = 0; j < LANES; j++)
-        s_id[j] = -1;
-    for (;;) {
-        int active = 0;
-        for (int j = 0; j < LANES; j++) { /* retire streams short of a round, fill slots */
-            if (s_id[j] >= 0 && (size_t)(s_end[j] - s_o[j]) < MULTI * WREFILL) {
-                int i = s_id[j];
-                rp[i] = s_rp[j], buf[i] = s_buf[j], nxt[i] = s_nxt[j], o[i] = s_o[j];
-                s_id[j] = -1;
-            }
-            while (s_id[j] < 0 && next < NSTREAMS) {
-                int i = next++;
-                if ((size_t)(out + start[i + 1] - o[i]) < MULTI * WREFILL)
-                    continue;
-                s_rp[j] = rp[i], s_buf[j] = buf[i], s_nxt[j] = nxt[i];
-                s_o[j] = o[i], s_end[j] = out + start[i + 1];
-                s_id[j] = i;
-            }
-            active += s_id[j] >= 0;
-        }
-        if (!active)
-            break;
-        size_t room = SIZE_MAX;
-        for (int j = 0; j < LANES; j++) {
-            if (s_id[j] < 0) {
-                s_rp[j] = zeros, s_buf[j] = 1, s_nxt[j] = fast, s_o[j] = sink;
-                continue;
-            }
-            size_t r = (size_t)(s_end[j] - s_o[j]);
-            room = r < room ? r : room;
-        }
-        size_t rounds = room / (MULTI * WREFILL);
-        rounds = rounds < CHECK_EVERY ? rounds : CHECK_EVERY;
-        uint8_t *before[LANES];
-        for (int j = 0; j < LANES; j++)
-            before[j] = s_o[j];
-        VARIANT(rounds)(fast, rounds, s_rp, s_buf, s_nxt, s_o);
-        /* a stream on a pattern no code starts with stops moving: it shows as a lane that
-         * decoded fewer symbols than look-ups, here or in a later round */
-        unsigned bad = 0;
-        for (int j = 0; j < LANES; j++) {
-            if (s_id[j] < 0)
-                continue;
-            int i = s_id[j];
-            bad |= ((uint64_t)(s_rp[j] - base[i]) * 8 - HELD(s_buf[j]) > limit[i]) |
-                   ((size_t)(s_o[j] - before[j]) < rounds * WREFILL);
-        }
-        if (bad) {
-            rc = E_DATA;
-            goto done;
-        }
-    }
-    unsigned avail[NSTREAMS];
-    for (int i = 0; i < NSTREAMS; i++) { /* the tail's readers count their bits */
-        avail[i] = HELD(buf[i]);
-        buf[i] ^= (uint64_t)1 << avail[i];
-    }
-#define CONSUMED(i) ((uint64_t)(rp[i] - base[i]) * 8 - avail[i])
-#define REFILL(i)                                                                             \
-    do {                                                                                      \
-        buf[i] |= *(const u64u *)rp[i] << avail[i];                                           \
-        rp[i] += (63 - avail[i]) >> 3;                                                        \
-        avail[i] |= 56;                                                                       \
-    } while (0)
-    for (int i = 0; i < NSTREAMS; i++) { /* each stream's last symbols, one at a time */
-        unsigned cur = (unsigned)((size_t)(nxt[i] - fast) / stride);
-        while (o[i] < out + start[i + 1]) {
-            if (avail[i] < WINDOW)
-                REFILL(i);
-            uint16_t e = single[(size_t)cur * WSIZE + (buf[i] & (WSIZE - 1))];
-            if (!(e >> 8)) {
-                rc = E_DATA;
-                goto done;
-            }
-            *o[i]++ = (uint8_t)e;
-            buf[i] >>= e >> 8;
-            avail[i] -= e >> 8;
-            cur = (unsigned)table_of[(e & 255) >> shift];
-            if (CONSUMED(i) > limit[i]) {
-                rc = E_DATA;
-                goto done;
-            }
-        }
-        if ((CONSUMED(i) + 7) / 8 * 8 != limit[i]) {
-            rc = E_DATA;
-            goto done;
-        }
-    }
-#undef REFILL
-#undef CONSUMED
+    StreamJob job = {VARIANT(streams), fast, stride, single, table_of, shift, out, start,
+                     base, limit, 0, NSTREAMS, OK};
+    rc = run_streams(&job, threads);
 done:
     scratch_done(mem, owned);
     return rc;

@@ -18,6 +18,21 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+#: The names of the codec threads start so (a block decoded on one of them has the thread alone:
+#: its neighbours decode the batch's other blocks).
+DECODE_THREAD_PREFIX = "kvtier-decode"
+
+
+def spare_core() -> bool:
+    """Whether a block decoded on this thread may take a second core: the process may run on
+    more than one and this is not one of a pool's codec threads (which share the cores out)."""
+    if threading.current_thread().name.startswith(DECODE_THREAD_PREFIX):
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) > 1
+    except AttributeError:  # pragma: no cover - platforms without sched_getaffinity
+        return (os.cpu_count() or 1) > 1
+
 
 class Decoders:
     """Threads a tier decodes (and checks) blocks on; ``threads`` defaults to the cores."""
@@ -61,7 +76,9 @@ class Decoders:
             return None
         with self._lock:
             if self._pool is None and not self._closed:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kvtier-decode")
+                self._pool = ThreadPoolExecutor(
+                    self.threads, thread_name_prefix=DECODE_THREAD_PREFIX
+                )
             return self._pool
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from kvtier.codec.errors import CorruptBlockError
+from kvtier.codec.parallel import spare_core
 from kvtier.codec.zstd_frames import (
     flat_bytes,
     gains,
@@ -91,6 +92,9 @@ LEVEL = 1
 PAGE = 4096
 #: Largest plane a thread keeps its split buffers for between blocks.
 SCRATCH_KEEP = 64 << 20
+#: Smallest plane (symbols) whose block decodes on two threads where a core is spare: below it,
+#: starting the second thread costs a real share of what it saves.
+PARALLEL_PLANE = 1 << 20
 
 
 def native() -> bool:
@@ -153,6 +157,12 @@ def _entropy_bits(raw: memoryview) -> float:
     sample = np.frombuffer(raw, np.uint8, 2 * QUICK_PROBE)[1::2]
     counts = np.bincount(sample, minlength=256).astype(np.float64)
     return float(-np.log2((counts * counts).sum() / float(sample.size) ** 2))
+
+
+def _threads(n: int) -> int:
+    """Threads the C part decodes one block of ``n``-symbol planes on: two (half the high
+    section's streams and half the merge each) for a large block where a second core is free."""
+    return 2 if n >= PARALLEL_PLANE and spare_core() else 1
 
 
 def _page_aligned(nbytes: int) -> np.ndarray:
@@ -327,7 +337,9 @@ class PlaneCodec:
         if high_raw or (self.use_native and _kvcore is not None):
             if _kvcore is not None:
                 try:
-                    _kvcore.decode_planes(hi_sec, not high_raw, low, out[: 2 * n], tokens, channels)
+                    _kvcore.decode_planes(
+                        hi_sec, not high_raw, low, out[: 2 * n], tokens, channels, _threads(n)
+                    )
                 except ValueError as exc:
                     raise CorruptBlockError(f"kv payload does not decode: {exc}") from None
             else:

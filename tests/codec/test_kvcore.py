@@ -40,17 +40,19 @@ def _numpy_split(raw: np.ndarray, tokens: int, channels: int) -> tuple[np.ndarra
     groups=st.integers(0, 3),
     extra=st.integers(0, 40),
     seed=st.integers(0, 2**32 - 1),
+    threads=st.sampled_from([1, 2]),
 )
-def test_split_and_merge_match_numpy_for_any_layout(tokens, channels, groups, extra, seed):
-    """Tiled (multiples of 16) and plain layouts, whole groups and a token-order remainder."""
+def test_split_and_merge_match_numpy_for_any_layout(tokens, channels, groups, extra, seed, threads):
+    """Tiled (multiples of 16) and plain layouts, whole groups and a token-order remainder, on
+    one thread or two (half the groups each)."""
     n = groups * tokens * channels + extra
     raw = np.random.default_rng(seed).integers(0, 256, 2 * n, dtype=np.uint8)
     high, low = np.empty(n, np.uint8), np.empty(n, np.uint8)
-    K.split(raw, high, low, tokens, channels)
+    K.split(raw, high, low, tokens, channels, threads)
     want_high, want_low = _numpy_split(raw, tokens, channels)
     assert np.array_equal(high, want_high) and np.array_equal(low, want_low)
     out = np.full(2 * n + 3, 0xA5, np.uint8)
-    K.merge(high, low, out, tokens, channels)
+    K.merge(high, low, out, tokens, channels, threads)
     assert np.array_equal(out[: 2 * n], raw) and (out[2 * n :] == 0xA5).all()
 
 
@@ -125,6 +127,7 @@ def test_o1_sections_round_trip_in_c_and_python(kind, n, shift, maxbits, seed):
     """Both code-length limits (each has its own decoder tables in C)."""
     plane = _plane(kind, n, np.random.default_rng(seed))
     section = K.o1_encode(plane, shift, maxbits)
+    assert K.o1_encode(plane, shift, maxbits, 2) == section  # two threads: the same section
     if section is None:  # only where it would not beat the plane stored as is
         return
     assert len(section) < n and section[1] == maxbits
@@ -150,6 +153,9 @@ def test_o1_encode_into_writes_the_same_section_or_says_it_has_no_room(
         return
     assert got == len(section) and out[:got].tobytes() == section
     assert (out[n:] == 0xA5).all()  # never past the room it was given
+    two = np.full(n + 64, 0xA5, np.uint8)
+    assert K.o1_encode_into(plane, shift, maxbits, two[:n], 2) == got
+    assert np.array_equal(two, out)
     assert K.o1_encode_into(plane, shift, maxbits, out[: got - 1]) == 0
     assert K.o1_encode_into(plane, shift, maxbits, bytearray(got)) == got
     with pytest.raises(TypeError):  # a read-only buffer is refused

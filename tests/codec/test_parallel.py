@@ -86,6 +86,15 @@ def test_encode_ahead_gives_each_item_once_in_any_order_and_starts_a_window_ahea
         decoders.close()
 
 
+def test_encode_ahead_encodes_a_batch_of_one_on_the_callers_thread():
+    decoders = Decoders(2)
+    try:
+        ahead = EncodeAhead(decoders, [4], lambda _i: threading.current_thread().name, window=2)
+        assert ahead.get(4) == threading.current_thread().name
+    finally:
+        decoders.close()
+
+
 def test_encode_ahead_reraises_an_items_error_and_runs_inline_on_one_core():
     def encode(i: int) -> int:
         if i == 2:

@@ -104,18 +104,20 @@ def test_blocks_decode_exactly_on_several_threads_at_once():
         assert all(pool.map(decode, range(len(blocks))))
 
 
-def test_a_large_block_decodes_exactly_on_its_own_thread_and_on_a_codec_thread():
-    """A block of at least PARALLEL_PLANE symbols splits its decode over two threads where the
-    caller has a core to spare (not on the pool's threads): the same bytes either way, and a
-    damaged one is corrupt on both paths."""
+def test_a_large_block_codes_exactly_on_its_own_thread_and_on_a_codec_thread():
+    """A block of at least PARALLEL_PLANE symbols splits its encode and decode over two threads
+    where the caller has a core to spare (not on the pool's threads): the same bytes either way,
+    and a damaged one is corrupt on both paths."""
     shape = (8, 2, 4, 256, 64)  # a million bf16 values
     data = _block("bf16", 5, shape)
     assert len(data) // 2 >= PARALLEL_PLANE  # symbols in each plane
     codec = PlaneCodec()
-    stored = codec.encode(memoryview(data), "bf16", shape)
+    stored = bytes(codec.encode(memoryview(data), "bf16", shape))
     assert _mode(stored) == MODE_O1
     pool = Decoders(threads=2)
-    try:
+    try:  # encoded on two threads here and on one there: the same stored form
+        there = pool.submit(codec.encode, memoryview(data), "bf16", shape).result()
+        assert bytes(there) == stored
         assert _decode(codec, stored, len(data), "bf16") == data
         assert pool.submit(_decode, codec, stored, len(data), "bf16").result() == data
         bad = bytearray(stored)

@@ -1,13 +1,19 @@
 /* The kv codec's inner loops in C: byte-plane split/merge and an order-1 Huffman coder.
  *
- * split(raw, high, low, tokens, channels)   raw -> the two planes (high channel-major)
- * merge(high, low, out, tokens, channels)   the inverse, written straight into ``out``
- * o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None   the high plane as an order-1
- *                                            Huffman section, codes of MAXBITS or NARROW bits
- * o1_encode_into(plane, shift, maxbits, out) -> int   the same, written into out (0: no room)
- * o1_decode(section, out)                    the inverse; ValueError for a bad section
- * decode_planes(high, coded, low, out, tokens, channels)   o1_decode, then merge
+ * split(raw, high, low, tokens, channels, threads=1)   raw -> the two planes (high
+ *                                            channel-major)
+ * merge(high, low, out, tokens, channels, threads=1)   the inverse, written straight into out
+ * o1_encode(plane, shift, maxbits=MAXBITS, threads=1) -> bytes | None   the high plane as an
+ *                                            order-1 Huffman section, codes of MAXBITS or NARROW
+ *                                            bits
+ * o1_encode_into(plane, shift, maxbits, out, threads=1) -> int   the same, written into out
+ *                                            (0: no room)
+ * o1_decode(section, out, threads=1)         the inverse; ValueError for a bad section
+ * decode_planes(high, coded, low, out, tokens, channels, threads=1)   o1_decode, then merge
  * high_entropy(raw, count) -> float         collision entropy of the first high bytes
+ *
+ * ``threads`` 2: the call splits its passes over a thread it starts for them (the streams are
+ * independent by design, and so are a merge's groups); the result is the same.
  *
  * Why C: numpy's strided transposes and zstd's match decoding are where a kv block's decode
  * spent its time; here a block is split and merged in one pass of 16-bit words, and the high
@@ -347,40 +353,66 @@ merge_planes(const uint8_t *high, const uint8_t *low, uint8_t *restrict out, siz
     }
 }
 
-/* One share of a merge: planes of n symbols into out. */
+/* --- two threads --------------------------------------------------------------------------- */
+
 typedef struct {
-    const uint8_t *high, *low;
-    uint8_t *out;
-    size_t n, tokens, channels;
-} MergeJob;
+    void (*work)(void *);
+    void *arg;
+} Share;
 
 static void *
-merge_thread(void *arg)
+share_thread(void *p)
 {
-    const MergeJob *job = arg;
-    merge_planes(job->high, job->low, job->out, job->n, job->tokens, job->channels);
+    Share *share = p;
+    share->work(share->arg);
     return NULL;
 }
 
-/* merge_planes, the second half of the groups on a thread of its own when ``threads`` > 1 */
+/* work(here) on this thread and work(there) on a thread of its own, both done on return; with
+ * one thread (or where none starts) both run here, one after the other. */
 static void
-merge_planes_on(const uint8_t *high, const uint8_t *low, uint8_t *out, size_t n,
-                size_t tokens, size_t channels, int threads)
+run_pair(void (*work)(void *), void *here, void *there, int threads)
 {
-    size_t group = tokens * channels, g = n / group;
-    if (threads < 2 || g < 2) {
-        merge_planes(high, low, out, n, tokens, channels);
-        return;
-    }
-    size_t h = g / 2 * group;
-    MergeJob other = {high + h, low + h, out + 2 * h, n - h, tokens, channels};
+    Share share = {work, there};
     pthread_t helper;
-    int started = pthread_create(&helper, NULL, merge_thread, &other) == 0;
-    merge_planes(high, low, out, h, tokens, channels);
+    int started = threads > 1 && pthread_create(&helper, NULL, share_thread, &share) == 0;
+    work(here);
     if (started)
         pthread_join(helper, NULL);
     else
-        merge_thread(&other);
+        work(there);
+}
+
+/* One share of a split (words into high and low) or a merge (high and low into words). */
+typedef struct {
+    int merge;
+    uint8_t *words, *high, *low;
+    size_t n, tokens, channels;
+} PlanesJob;
+
+static void
+planes_job(void *arg)
+{
+    const PlanesJob *j = arg;
+    if (j->merge)
+        merge_planes(j->high, j->low, j->words, j->n, j->tokens, j->channels);
+    else
+        split_planes(j->words, j->high, j->low, j->n, j->tokens, j->channels);
+}
+
+/* split_planes or merge_planes of n words, the second half of the groups on a thread of its
+ * own when ``threads`` > 1 (and there are two groups to share). */
+static void
+planes_on(int merge, uint8_t *words, uint8_t *high, uint8_t *low, size_t n, size_t tokens,
+          size_t channels, int threads)
+{
+    size_t group = tokens * channels, h = threads > 1 ? n / group / 2 * group : 0;
+    PlanesJob first = {merge, words, high, low, h ? h : n, tokens, channels};
+    PlanesJob second = {merge, words + 2 * h, high + h, low + h, n - h, tokens, channels};
+    if (h)
+        run_pair(planes_job, &first, &second, threads);
+    else
+        planes_job(&first);
 }
 
 /* --- Huffman ------------------------------------------------------------------------------- */
@@ -515,15 +547,15 @@ stream_bounds(size_t n, size_t *start)
         start[i] = (size_t)((unsigned __int128)n * (unsigned)i / NSTREAMS);
 }
 
-/* The streams' symbols after their first, up to ``common``: the (previous, current) pair read as
- * one 16-bit word looks up its code (code << 4 | length) in ``pair``; ENC_LANES streams in
- * turn, each writer flushing its accumulator once per ``per`` codes. */
+/* Streams [lo, hi)'s symbols after their first, up to ``common``: the (previous, current) pair
+ * read as one 16-bit word looks up its code (code << 4 | length) in ``pair``; ENC_LANES streams
+ * in turn, each writer flushing its accumulator once per ``per`` codes. */
 static void
 encode_common(const uint8_t *plane, const size_t *start, size_t common, const uint16_t *pair,
-              unsigned maxbits, uint64_t *acc, unsigned *bits, uint8_t **w)
+              unsigned maxbits, uint64_t *acc, unsigned *bits, uint8_t **w, int lo, int hi)
 {
     const unsigned per = (64 - 8) / maxbits; /* codes that fit beside 7 held bits */
-    for (int g = 0; g < NSTREAMS; g += ENC_LANES) {
+    for (int g = lo; g < hi; g += ENC_LANES) {
         uint64_t a[ENC_LANES];
         unsigned b[ENC_LANES];
         uint8_t *out[ENC_LANES];
@@ -570,17 +602,62 @@ encode_common(const uint8_t *plane, const size_t *start, size_t common, const ui
     }
 }
 
-/* Encode ``plane`` into ``dst`` (capacity ``cap``) with codes of at most ``maxbits`` bits; the
- * section's size, or 0 when it does not fit (the caller then stores the plane another way). */
+/* Count each (previous, current) pair of streams [lo, lo + K) up to ``common`` in ``pairs``,
+ * the streams' symbols in turn (consecutive increments rarely hit the same counter). */
+static inline __attribute__((always_inline)) void
+count_pairs(const uint8_t *plane, const size_t *start, size_t common, uint32_t *pairs, int lo,
+            const int K)
+{
+    for (size_t p = 1; p < common; p++)
+        for (int i = lo; i < lo + K; i++)
+            pairs[load16(plane + start[i] + p - 1)]++;
+}
+
+/* One share of an encode's two passes over the streams [lo, hi): counting into ``pairs``, then
+ * coding with ``pair`` into the writers' state. */
+typedef struct {
+    const uint8_t *plane;
+    const size_t *start;
+    size_t common;
+    uint32_t *pairs;
+    const uint16_t *pair;
+    unsigned maxbits;
+    uint64_t *acc;
+    unsigned *bits;
+    uint8_t **w;
+    int lo, hi;
+} EncodeJob;
+
+static void
+count_job(void *arg)
+{
+    const EncodeJob *j = arg;
+    if (j->hi - j->lo == NSTREAMS)
+        count_pairs(j->plane, j->start, j->common, j->pairs, j->lo, NSTREAMS);
+    else
+        count_pairs(j->plane, j->start, j->common, j->pairs, j->lo, NSTREAMS / 2);
+}
+
+static void
+code_job(void *arg)
+{
+    const EncodeJob *j = arg;
+    encode_common(j->plane, j->start, j->common, j->pair, j->maxbits, j->acc, j->bits, j->w, j->lo,
+                  j->hi);
+}
+
+/* Encode ``plane`` into ``dst`` (capacity ``cap``) with codes of at most ``maxbits`` bits, its
+ * two passes over the symbols split between two threads when ``threads`` > 1; the section's
+ * size, or 0 when it does not fit (the caller then stores the plane another way). */
 static size_t
 encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint8_t *dst,
-          size_t cap)
+          size_t cap, int threads)
 {
     /* counts, lengths, codes (before them the pair counts, after them the pair codes) */
     size_t sizes[3] = {NCTX * 256 * sizeof(uint32_t), NCTX * 256, NCTX * 256 * sizeof(unsigned)};
     _Static_assert(NCTX * 256 * sizeof(unsigned) >= 65536 * sizeof(uint32_t),
                    "the codes' space holds the pair counts and the pair codes");
-    size_t all = sizes[0] + sizes[1] + sizes[2];
+    size_t all = sizes[0] + sizes[1] + sizes[2] + (threads > 1 ? 65536 * sizeof(uint32_t) : 0);
     int owned;
     char *mem = scratch_get(SCRATCH_ENCODE, all, &owned);
     size_t result = 0, start[NSTREAMS + 1];
@@ -600,11 +677,21 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
             counts[START][plane[start[i]]]++;
     }
     /* each (previous, current) pair read as one 16-bit word and counted in a flat table (in the
-     * codes' space, not yet used), then folded into the contexts */
+     * codes' space, not yet used; on two threads the second half of the streams in one after
+     * the scratch's end), then folded into the contexts */
     uint32_t *pairs = (uint32_t *)(mem + sizes[0] + sizes[1]);
-    for (size_t p = 1; p < common; p++)
-        for (int i = 0; i < NSTREAMS; i++)
-            pairs[load16(plane + start[i] + p - 1)]++;
+    uint32_t *pairs2 = (uint32_t *)(mem + sizes[0] + sizes[1] + sizes[2]);
+    EncodeJob first = {plane, start, common, pairs, NULL, maxbits, NULL, NULL, NULL, 0, NSTREAMS};
+    EncodeJob second = first;
+    if (threads > 1) {
+        first.hi = second.lo = NSTREAMS / 2;
+        second.pairs = pairs2;
+        run_pair(count_job, &first, &second, threads);
+        for (size_t k = 0; k < 65536; k++)
+            pairs[k] += pairs2[k];
+    }
+    else
+        count_job(&first);
     for (unsigned prev = 0; prev < 256; prev++)
         for (unsigned s = 0; s < 256; s++)
             counts[prev >> shift][s] += pairs[s << 8 | prev];
@@ -710,7 +797,14 @@ encode_o1(const uint8_t *plane, size_t n, unsigned shift, unsigned maxbits, uint
     for (unsigned s = 0; s < 256; s++) /* written in order: one line after another */
         for (unsigned prev = 0; prev < 256; prev++)
             pair[s << 8 | prev] = (uint16_t)tab_of_ctx[prev >> shift][s];
-    encode_common(plane, start, common, pair, maxbits, acc, bits, w);
+    first.pair = second.pair = pair;
+    first.acc = second.acc = acc;
+    first.bits = second.bits = bits;
+    first.w = second.w = w;
+    if (threads > 1)
+        run_pair(code_job, &first, &second, threads);
+    else
+        code_job(&first);
     for (int i = 0; i < NSTREAMS; i++)
         for (size_t p = start[i] + (common ? common : 1); p < start[i + 1]; p++)
             PUT(i, tab_of_ctx[plane[p - 1] >> shift][plane[p]]);
@@ -763,16 +857,15 @@ typedef struct StreamJob {
     int rc;
 } StreamJob;
 
-static void *
-stream_thread(void *arg)
+static void
+stream_job(void *arg)
 {
     StreamJob *job = arg;
     job->rc = job->decode(job);
-    return NULL;
 }
 
 /* Decode every stream of ``job``: the second half on a thread of its own while this one
- * decodes the first when ``threads`` > 1 (both halves here when no thread starts). */
+ * decodes the first when ``threads`` > 1. */
 static int
 run_streams(StreamJob *job, int threads)
 {
@@ -780,14 +873,8 @@ run_streams(StreamJob *job, int threads)
         return job->decode(job);
     StreamJob other = *job;
     job->hi = other.lo = NSTREAMS / 2;
-    pthread_t helper;
-    int started = pthread_create(&helper, NULL, stream_thread, &other) == 0;
-    int rc = job->decode(job);
-    if (started)
-        pthread_join(helper, NULL);
-    else
-        stream_thread(&other);
-    return rc ? rc : other.rc;
+    run_pair(stream_job, job, &other, threads);
+    return job->rc ? job->rc : other.rc;
 }
 
 #define PACKED 0
@@ -847,7 +934,9 @@ planes_call(PyObject *args, int merge)
     const char *what = merge ? "merge" : "split";
     Py_buffer a, b, c; /* split: raw, high, low; merge: high, low, out */
     Py_ssize_t tokens, channels;
-    if (!PyArg_ParseTuple(args, merge ? "y*y*w*nn" : "y*w*w*nn", &a, &b, &c, &tokens, &channels))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, merge ? "y*y*w*nn|i" : "y*w*w*nn|i", &a, &b, &c, &tokens, &channels,
+                          &threads))
         return NULL;
     PyObject *res = NULL;
     const Py_buffer *high = merge ? &a : &b, *low = merge ? &b : &c, *words = merge ? &c : &a;
@@ -859,10 +948,8 @@ planes_call(PyObject *args, int merge)
         goto out;
     }
     Py_BEGIN_ALLOW_THREADS;
-    if (merge)
-        merge_planes(high->buf, low->buf, words->buf, n, (size_t)tokens, (size_t)channels);
-    else
-        split_planes(words->buf, high->buf, low->buf, n, (size_t)tokens, (size_t)channels);
+    planes_on(merge, words->buf, high->buf, low->buf, n, (size_t)tokens, (size_t)channels,
+              threads);
     Py_END_ALLOW_THREADS;
     res = Py_NewRef(Py_None);
 out:
@@ -898,11 +985,12 @@ encode_args_ok(size_t n, int shift, int maxbits)
 
 /* encode_o1 of a plane with the GIL released: the section's size, 0 when it does not fit */
 static size_t
-encode_released(const Py_buffer *plane, int shift, int maxbits, uint8_t *dst, size_t cap)
+encode_released(const Py_buffer *plane, int shift, int maxbits, uint8_t *dst, size_t cap,
+                int threads)
 {
     size_t got, n = (size_t)plane->len;
     Py_BEGIN_ALLOW_THREADS;
-    got = n ? encode_o1(plane->buf, n, (unsigned)shift, (unsigned)maxbits, dst, cap) : 0;
+    got = n ? encode_o1(plane->buf, n, (unsigned)shift, (unsigned)maxbits, dst, cap, threads) : 0;
     Py_END_ALLOW_THREADS;
     return got;
 }
@@ -911,8 +999,8 @@ static PyObject *
 py_o1_encode(PyObject *self, PyObject *args)
 {
     Py_buffer plane;
-    int shift, maxbits = MAXBITS;
-    if (!PyArg_ParseTuple(args, "y*i|i", &plane, &shift, &maxbits))
+    int shift, maxbits = MAXBITS, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*i|ii", &plane, &shift, &maxbits, &threads))
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)plane.len;
@@ -925,7 +1013,7 @@ py_o1_encode(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
-    size_t got = encode_released(&plane, shift, maxbits, buf, n);
+    size_t got = encode_released(&plane, shift, maxbits, buf, n, threads);
     res = got ? PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)got) : Py_NewRef(Py_None);
     scratch_done(buf, owned);
 out:
@@ -937,14 +1025,15 @@ static PyObject *
 py_o1_encode_into(PyObject *self, PyObject *args)
 {
     Py_buffer plane, out;
-    int shift, maxbits;
-    if (!PyArg_ParseTuple(args, "y*iiw*", &plane, &shift, &maxbits, &out))
+    int shift, maxbits, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*iiw*|i", &plane, &shift, &maxbits, &out, &threads))
         return NULL;
     PyObject *res = NULL;
     size_t n = (size_t)plane.len;
     if (!encode_args_ok(n, shift, maxbits))
         goto done;
-    res = PyLong_FromSize_t(encode_released(&plane, shift, maxbits, out.buf, (size_t)out.len));
+    res = PyLong_FromSize_t(
+        encode_released(&plane, shift, maxbits, out.buf, (size_t)out.len, threads));
 done:
     PyBuffer_Release(&out);
     PyBuffer_Release(&plane);
@@ -1020,7 +1109,8 @@ py_decode_planes(PyObject *self, PyObject *args)
         hi = plane;
     }
     if (rc == OK)
-        merge_planes_on(hi, low.buf, out.buf, n, (size_t)tokens, (size_t)channels, threads);
+        planes_on(1, out.buf, (uint8_t *)hi /* only read */, low.buf, n, (size_t)tokens,
+                  (size_t)channels, threads);
     if (plane)
         scratch_done(plane, owned);
     Py_END_ALLOW_THREADS;
@@ -1069,23 +1159,25 @@ py_high_entropy(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"split", py_split, METH_VARARGS,
-     "split(raw, high, low, tokens, channels): the two planes of raw's 16-bit words."},
+     "split(raw, high, low, tokens, channels, threads=1): the two planes of raw's 16-bit "
+     "words (threads=2: half the groups on a thread of their own)."},
     {"merge", py_merge, METH_VARARGS,
-     "merge(high, low, out, tokens, channels): the inverse of split, into out."},
+     "merge(high, low, out, tokens, channels, threads=1): the inverse of split, into out."},
     {"o1_encode", py_o1_encode, METH_VARARGS,
-     "o1_encode(plane, shift, maxbits=MAXBITS) -> bytes | None: the order-1 Huffman section "
-     "(None: no gain)."},
+     "o1_encode(plane, shift, maxbits=MAXBITS, threads=1) -> bytes | None: the order-1 "
+     "Huffman section (None: no gain); threads=2: half the streams on a thread of their own."},
     {"o1_encode_into", py_o1_encode_into, METH_VARARGS,
-     "o1_encode_into(plane, shift, maxbits, out) -> int: the section's size, written at the "
-     "start of out; 0 when it does not fit in out."},
+     "o1_encode_into(plane, shift, maxbits, out, threads=1) -> int: the section's size, "
+     "written at the start of out; 0 when it does not fit in out."},
     {"o1_decode", py_o1_decode, METH_VARARGS,
-     "o1_decode(section, out): decode a section into out (its size is the symbol count)."},
+     "o1_decode(section, out, threads=1): decode a section into out (its size is the symbol "
+     "count); threads=2: half the streams on a thread of their own."},
     {"high_entropy", py_high_entropy, METH_VARARGS,
      "high_entropy(raw, count) -> float: collision (Renyi order-2) entropy, bits a symbol, of "
      "the high bytes of the first count 16-bit words: at most their order-0 entropy."},
     {"decode_planes", py_decode_planes, METH_VARARGS,
-     "decode_planes(high, coded, low, out, tokens, channels): decode the high section (when "
-     "coded) and merge it with the low plane into out."},
+     "decode_planes(high, coded, low, out, tokens, channels, threads=1): decode the high "
+     "section (when coded) and merge it with the low plane into out."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kvcore",

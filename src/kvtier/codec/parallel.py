@@ -110,8 +110,10 @@ class EncodeAhead:
         self._lock = threading.Lock()
 
     def get(self, i: int) -> T:
-        """Item ``i``'s encoded form (its encode's exception, re-raised)."""
-        if not self._pool.parallel or i not in self._at:
+        """Item ``i``'s encoded form (its encode's exception, re-raised). A batch of one item
+        encodes inline: there is nothing to overlap, and the caller's thread may give the block
+        a second core (see :func:`spare_core`)."""
+        if not self._pool.parallel or i not in self._at or len(self._order) == 1:
             return self._encode(i)
         with self._lock:
             stop = min(len(self._order), self._at[i] + 1 + self._window)

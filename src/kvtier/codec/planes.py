@@ -92,8 +92,8 @@ LEVEL = 1
 PAGE = 4096
 #: Largest plane a thread keeps its split buffers for between blocks.
 SCRATCH_KEEP = 64 << 20
-#: Smallest plane (symbols) whose block decodes on two threads where a core is spare: below it,
-#: starting the second thread costs a real share of what it saves.
+#: Smallest plane (symbols) whose block encodes and decodes on two threads where a core is
+#: spare: below it, starting the second thread costs a real share of what it saves.
 PARALLEL_PLANE = 1 << 20
 
 
@@ -160,8 +160,9 @@ def _entropy_bits(raw: memoryview) -> float:
 
 
 def _threads(n: int) -> int:
-    """Threads the C part decodes one block of ``n``-symbol planes on: two (half the high
-    section's streams and half the merge each) for a large block where a second core is free."""
+    """Threads the C part encodes or decodes one block of ``n``-symbol planes on: two (half the
+    split or merge and half the high section's streams each) for a large block where a second
+    core is free."""
     return 2 if n >= PARALLEL_PLANE and spare_core() else 1
 
 
@@ -235,7 +236,8 @@ class PlaneCodec:
             return None  # not KV-like (random bytes…): known before the whole split
         tokens, channels = channel_layout(tuple(shape), n)
         high, low = self._planes(n)
-        _kvcore.split(raw, high, low, tokens, channels)
+        threads = _threads(n)
+        _kvcore.split(raw, high, low, tokens, channels, threads)
         probe = high[:PROBE_BYTES]
         maxbits = O1_MAXBITS[dtype]
         sample = _kvcore.o1_encode(probe, shift, maxbits)
@@ -247,7 +249,7 @@ class PlaneCodec:
         out = _page_aligned(_HEAD.size + 2 * n + size % 2)
         at = _HEAD.size
         room = int(n * (1 - PLANE_MIN_GAIN))
-        hi_len = _kvcore.o1_encode_into(high, shift, maxbits, out[at : at + room])
+        hi_len = _kvcore.o1_encode_into(high, shift, maxbits, out[at : at + room], threads)
         hi_coded = hi_len > 0
         if not hi_coded:
             out[at : at + n] = high

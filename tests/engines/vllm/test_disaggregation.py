@@ -12,6 +12,7 @@ computes twice is computed twice.
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -92,7 +93,20 @@ def fleet(redis_server, s3_server, mooncake_server, text_tokens, tmp_path_factor
         for d in shm:
             shutil.rmtree(d, ignore_errors=True)
     records = {n: read_records(work / f"{n}.jsonl") for n in outs}
-    return {"outs": outs, "records": records, "handed": handed, "P": P, "D": D}
+    return {"outs": outs, "records": records, "handed": handed, "P": P, "D": D, "work": work}
+
+
+def _kvtier_lines(log: Path) -> list[str]:
+    """kvtier's warnings and errors in an engine's log, and Mooncake's (glog's ``E``/``W``
+    lines): what a failed load said."""
+    if not log.exists():
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [
+        line[:300]
+        for line in lines
+        if ("kvtier" in line and ("WARN" in line or "ERR" in line)) or re.match(r"[EW]\d{4} ", line)
+    ]
 
 
 def _one(records: list[dict], prompt: list[int]) -> list[dict]:
@@ -113,7 +127,8 @@ def test_a_consumer_loads_the_prefilled_prompt_and_gives_a_single_engines_tokens
 ):
     (rec,) = _one(fleet["records"][consumer], fleet["P"])
     (stored,) = _one(fleet["records"]["producer"], fleet["P"])[:1]
-    seen = f"consumer's record {rec}; producer's first {stored}"  # what to read when it fails
+    logs = {n: _kvtier_lines(fleet["work"] / f"{n}.log")[-12:] for n in (consumer, "producer")}
+    seen = f"consumer's record {rec}; producer's first {stored}; kvtier's warnings {logs}"
     assert rec["loaded_tokens"] == 1024 and set(rec["hit_tokens"]) == {tier}, seen
     computed = rec["prompt_tokens"] - rec["loaded_tokens"] - rec["local_hit_tokens"]
     assert computed <= CHUNK

@@ -18,14 +18,15 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-#: The names of the codec threads start so (a block decoded on one of them has the thread alone:
-#: its neighbours decode the batch's other blocks).
+#: The names of the codec threads start so (a block coded on one of them has the thread alone:
+#: its neighbours code the batch's other blocks).
 DECODE_THREAD_PREFIX = "kvtier-decode"
 
 
 def spare_core() -> bool:
-    """Whether a block decoded on this thread may take a second core: the process may run on
-    more than one and this is not one of a pool's codec threads (which share the cores out)."""
+    """Whether a block encoded or decoded on this thread may take a second core: the process
+    may run on more than one and this is not one of a pool's codec threads (which share the
+    cores out)."""
     if threading.current_thread().name.startswith(DECODE_THREAD_PREFIX):
         return False
     try:

@@ -285,3 +285,23 @@ def test_check_tier_url_read_only(loop_mounts):
 def test_check_tier_url_not_writable(root_owned):
     err = nobody_refusal(lambda: check_tier_url(f"file://{root_owned}/kv?size=1MiB"))
     assert isinstance(err, TierPathError) and err.reason == "permission", err
+
+
+def test_a_folder_another_check_removes_under_this_one_is_made_again(tmp_path, monkeypatch):
+    """Two processes checking one new folder without keeping it (an engine's ranks at start-up):
+    the first removes it after its probe, between the second's mkdir and probe. The second
+    makes it again instead of refusing it."""
+    from kvtier.tiers import paths
+
+    target = tmp_path / "new" / "tier"
+    real, calls = paths._probe, []
+
+    def probe_after_a_rival(directory: str, subject: str, raw: str) -> None:
+        calls.append(directory)
+        if len(calls) == 1:  # the rival's clean-up lands first
+            os.rmdir(directory)
+        real(directory, subject, raw)
+
+    monkeypatch.setattr(paths, "_probe", probe_after_a_rival)
+    assert usable_directory(target) == target and target.is_dir()
+    assert len(calls) == 2

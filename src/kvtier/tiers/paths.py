@@ -55,6 +55,8 @@ _NAME_MAX = 255
 _PATH_MAX = 4096
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EACCES, errno.EPERM)
+#: Tries at a new directory that a concurrent check removed under this one.
+_RACES = 3
 
 
 def usable_directory(
@@ -165,12 +167,19 @@ def _check_directory(
             raw,
             "missing",
         )
-    created = _create(target, ancestor, subject, raw)
-    try:
-        _probe(target, subject, raw)
-    finally:
-        if not keep:
-            _remove(created)
+    for attempt in range(_RACES):
+        created = _create(target, ancestor, subject, raw)
+        try:
+            _probe(target, subject, raw)
+            return
+        except TierPathError:
+            # another process checking the same new folder without keeping it (the ranks of
+            # one engine, at start-up) may have removed it between our mkdir and our probe
+            if os.path.isdir(target) or attempt == _RACES - 1:
+                raise
+        finally:
+            if not keep:
+                _remove(created)
 
 
 def _pseudo_mount(path: str) -> tuple[str, str] | None:

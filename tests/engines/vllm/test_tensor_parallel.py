@@ -8,7 +8,9 @@ so a load counted whole with no failed block was read by every rank. Then one wr
 files (one rank's parts) are corrupted: that rank's part fails, the whole chunk is recomputed
 on every rank, and the tokens stay the same. ``first`` publishes vLLM's KV events: a subscriber
 hears kvtier's BlockStored for every chunk once all three ranks stored their parts, and
-BlockRemoved for the chunks its small host-memory tier evicted.
+BlockRemoved for the chunks its small host-memory tier evicted. Events go out with the engine's
+steps, so ``first`` ends with a short prompt (below a chunk: it stores nothing) that makes the
+engine step once after its last writes to disk landed.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def tp_runs(text_tokens, tmp_path_factory):
 
     P, Q = prompts["P"], prompts["Q"]
     once = [{"prompts": [p], "max_tokens": TOKENS} for p in (P, P, Q, Q)]
+    # the disk tier's writes land behind the requests: let them, then step the engine once
+    flush = [{"sleep": 3}, {"prompts": [t[5000:5040]], "max_tokens": 1}]
     steps = [
         {"prompts": [P], "max_tokens": TOKENS},
         {"corrupt_writer": f"{disk}/**/*.slab"},
@@ -68,7 +72,7 @@ def tp_runs(text_tokens, tmp_path_factory):
     listener = EventListener(endpoint)
     try:
         # the restart engine imports vLLM now and builds its engine once the first has exited
-        first_spec = {**spec(0, [*once, {"sleep": 2}]), "kv_events": endpoint}
+        first_spec = {**spec(0, [*once, *flush]), "kv_events": endpoint}
         probes.append(Probe(first_spec, work, "first", env=TP_ENV))
         probes.append(Probe({**spec(1, steps), "start_when": str(go)}, work, "restart", TP_ENV))
         first = probes[0].result(600)

@@ -10,6 +10,8 @@ shared tier) and the tier's name as ``ownership``. Events of the worker half (wh
 tiers) reach the scheduler half through vLLM's channel for them; there a chunk counts as stored
 once every rank reported its part, and as removed once any rank lost its part. The scheduler
 half's own preloads into host memory (every rank's part at once) join them the same way.
+They go out with the engine's steps, as vLLM's own do: what lands while the engine is idle
+(a lower tier's write behind a finished request) is announced at its next step.
 """
 
 from __future__ import annotations

@@ -610,6 +610,8 @@ def serve_title(doc: dict) -> str:
             f"; pools of {cfg['pool_blocks_used']:,} blocks "
             f"(ceiling {cfg['ceiling_pool_blocks']:,})"
         )
+    if (cfg.get("reuse_rounds") or 1) > 1:
+        title += f"; {cfg['reuse_rounds']} rounds, the order turned by one a round (medians)"
     if cfg.get("random"):
         title += f"; the no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
     return title
@@ -633,13 +635,24 @@ def ceiling_rows(doc: dict) -> list[str]:
         for run in doc.get("runs", [])
         if run.get("dataset") != "random"
     }
+    figures = doc.get("figures")
+    if figures:  # medians over the rounds (reports before them: one run each)
+        runs = {
+            key: {
+                "ttft_median_ms": figures["p50"][str(key[1])].get(key[0]),
+                "ttft_mean_ms": figures["mean"][str(key[1])].get(key[0]),
+            }
+            for key in runs
+            if figures["p50"][str(key[1])].get(key[0]) is not None
+        }
     if not any(system == "ceiling" for system, _ in runs):
         return []
     systems = [s for s in SERVE_SYSTEMS if any(k[0] == s for k in runs)]
     gainers = [s for s in systems if s not in ("vllm", "ceiling")]
     out = [
         "",
-        "TTFT p50 / mean in ms per system; then each system's share of the ceiling's gain over "
+        "TTFT p50 / mean in ms per system (the median over rounds where there are several); "
+        "then each system's share of the ceiling's gain over "
         f"vLLM alone, (alone − system) ÷ (alone − ceiling), on TTFT {', '.join(metrics)} "
         "(`ceiling`: vLLM alone with a pool that holds every token of the run). "
         "\"nothing\": the ceiling's TTFT mean is within noise of vLLM alone's, so there is no "

@@ -234,6 +234,7 @@ def test_defaults_size_the_pool_below_the_prefixes():
         ({"quiet_load": 0}, "--quiet-load"),
         ({"prefix": PrefixWorkload(prefix_tokens=0)}, "--prefix-len"),
         ({"random": RandomWorkload(repeats=0)}, "--repeat"),
+        ({"reuse_rounds": 0}, "--reuse-rounds"),
         ({"chunk_tokens": 200}, "multiple of vLLM's 128"),
         ({"max_model_len": 1024}, "shorter than the longest request"),
         ({"pool_blocks": 3}, "cannot hold one 2304-token request"),
@@ -561,6 +562,7 @@ class _FakeWorker:
 
 
 def _fake_bench(monkeypatch, tmp_path, config: ServeBenchConfig, fail: str | None = None):
+    rounds = config.reuse_rounds > 1  # the log names each run's round
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(
@@ -582,7 +584,7 @@ def _fake_bench(monkeypatch, tmp_path, config: ServeBenchConfig, fail: str | Non
     log: list = []
     bench = ServeBench(replace(config, work_dir=tmp_path / "w", shm_dir=tmp_path / "shm"))
 
-    def start(system, folder, dram, disk, vocab, report):
+    def start(system, folder, dram, disk, vocab, report, round_=0):
         log.append(("start", system))
         if system == fail:
             report.systems.append(SystemInfo(system, error="vLLM exited"))
@@ -591,7 +593,7 @@ def _fake_bench(monkeypatch, tmp_path, config: ServeBenchConfig, fail: str | Non
         return _FakeServer(system, log)
 
     def client_run(client, server, system, dataset, concurrency, seed, round_, report):
-        log.append((dataset, system, concurrency, seed))
+        log.append((dataset, system, concurrency, seed) + ((round_,) if rounds else ()))
         report.runs.append(
             RunResult(
                 system, dataset, concurrency, seed, round_, _result(100), CacheCounters(), 1, "f"
@@ -654,6 +656,56 @@ def test_one_round_runs_on_each_server_before_it_stops(monkeypatch, tmp_path):
         ("random", "kvtier", 4, 1000),
         ("stop", "kvtier"),
     ]
+
+
+def test_reuse_rounds_start_every_system_afresh_in_an_order_turned_by_one(monkeypatch, tmp_path):
+    systems = ("vllm", "ceiling", "kvtier")
+    config = ServeBenchConfig(systems=systems, concurrency=(1, 4), random=None, reuse_rounds=3)
+    bench, log, steps = _fake_bench(monkeypatch, tmp_path, config)
+    report = bench.run()
+    orders = [("vllm", "ceiling", "kvtier"), ("ceiling", "kvtier", "vllm")]
+    orders.append(("kvtier", "vllm", "ceiling"))
+    expected = [
+        entry
+        for r, order in enumerate(orders)
+        for system in order
+        for entry in (
+            ("start", system),
+            ("prefix_repetition", system, 1, 0, r),  # the same requests every round
+            ("prefix_repetition", system, 4, 1, r),
+            ("stop", system),
+        )
+    ]
+    assert log == expected
+    assert len(steps) == bench.steps() - 9  # the fake start takes no step of its own
+    assert [r.round for r in report.prefix_runs("ceiling", 4)] == [0, 1, 2]
+    assert len(report.runs) == 18
+
+
+def test_figures_over_rounds_are_medians():
+    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
+    r = ServeReport(replace(config, reuse_rounds=3), [], [], {}, {}, 0.0)
+    means = {"vllm": (5000.0, 5400.0, 4000.0), "ceiling": (4990.0, 5300.0, 4100.0)}
+    means["kvtier"] = (5200.0, 5000.0, 4600.0)  # its first round alone would miss by 4 %
+    r.runs = [
+        replace(_timed(system, 1, ms, ms / 50), round=i)
+        for system, rounds in means.items()
+        for i, ms in enumerate(rounds)
+    ]
+    assert r.figure("vllm", 1, "mean") == pytest.approx(5000.0)
+    assert r.figure("kvtier", 1, "mean") == pytest.approx(5000.0)
+    assert r.figure("kvtier", 1, "duration") == pytest.approx(100.0)
+    assert r.prefix_run("kvtier", 1).round == 0
+    assert r.nothing_to_gain(1) is True  # the ceiling's median is vLLM alone's
+    (flat,) = [t for t in r.targets() if t.name.startswith("nothing to gain")]
+    assert flat.passed and flat.measured == pytest.approx(1.0)
+    assert r.to_dict()["figures"]["mean"]["1"] == {
+        "vllm": 5000.0, "ceiling": 4990.0, "kvtier": 5000.0
+    }  # fmt: skip
+    console = Console(record=True, width=260)
+    console.print(serve_table(r))
+    text = console.export_text()
+    assert "kvtier r3" in text and "medians over rounds" in text
 
 
 def test_sessions_runs_send_fresh_chats_from_a_file_per_concurrency(monkeypatch, tmp_path):

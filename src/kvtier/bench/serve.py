@@ -12,6 +12,8 @@ they replay a slice of a request trace (:mod:`kvtier.bench.serve_trace`) through
 ``timed_trace`` dataset, each request at its time. The no-reuse check
 runs the ``random`` dataset on vLLM alone and on kvtier; with ``repeats`` ≥ 3 both servers stay
 up and the runs alternate between them (the order flips each round), a fresh seed per round.
+With ``reuse_rounds`` > 1 the reuse runs are made that many times, every system started afresh
+each round in an order turned by one a round, and the report takes medians over rounds.
 Ratios are taken against vLLM alone measured in the same run; the issue's thresholds are
 printed next to them, never assumed.
 """
@@ -148,7 +150,7 @@ class ServeBench:
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
         c = self.config
-        per_system = 1 + len(c.concurrency)
+        per_system = (1 + len(c.concurrency)) * c.reuse_rounds
         rounds = c.random.repeats * len(c.random_systems()) if c.random else 0
         preload = 3 if c.preload is not None else 0
         return per_system * len(c.systems) + rounds + preload
@@ -205,22 +207,27 @@ class ServeBench:
                 ClientWorker(self.run_dir / "client.log", {"PYTHONHASHSEED": "0"})
             )
             stack.callback(self._stop_all, held)
-            for system in c.ordered_systems():
-                server = self._start(system, folder, dram, disk, vocab, report)
-                ok = server is not None and self._prefix_runs(client, server, system, report)
-                if server is not None and (not ok or system not in c.random_systems()):
-                    self._stop(system, server)
-                if system not in c.random_systems():
-                    continue
-                if ok:
-                    held[system] = server
-                elif alternate:  # its partner runs its rounds alone
-                    alternate = False
-                if not alternate:
-                    self._random_alone(client, held, report)
-                elif set(held) == set(c.random_systems()):
-                    self._random_alternating(client, held, report)
-            self._random_alone(client, held, report)
+            for round_ in range(c.reuse_rounds):
+                for system in c.round_order(round_):
+                    server = self._start(system, folder, dram, disk, vocab, report, round_)
+                    ok = server is not None and self._prefix_runs(
+                        client, server, system, report, round_
+                    )
+                    # the random rounds run beside the first reuse round
+                    randoms = round_ == 0 and system in c.random_systems()
+                    if server is not None and (not ok or not randoms):
+                        self._stop(system, server)
+                    if not randoms:
+                        continue
+                    if ok:
+                        held[system] = server
+                    elif alternate:  # its partner runs its rounds alone
+                        alternate = False
+                    if not alternate:
+                        self._random_alone(client, held, report)
+                    elif set(held) == set(c.random_systems()):
+                        self._random_alternating(client, held, report)
+                self._random_alone(client, held, report)
         if c.preload is not None:
             check = PreloadCheck(
                 c.preload, self.run_dir, c.shm_dir, post_completion, self.on_step,
@@ -240,14 +247,15 @@ class ServeBench:
         disk: int,
         vocab: tuple[int, int],
         report: ServeReport,
+        round_: int = 0,
     ) -> VllmServer | None:
         c = self.config
-        self.on_step(f"{system}: starting vLLM")
+        self.on_step(f"{system}: starting vLLM" + (f", round {round_ + 1}" if round_ else ""))
         paths = self.paths(system)
         paths.remove()
         paths.disk.mkdir(parents=True, exist_ok=True)
         kv = transfer_config(system, paths, dram, disk, c.chunk_tokens)
-        log = self.run_dir / f"vllm-{system}.log"
+        log = self.run_dir / (f"vllm-{system}-r{round_}.log" if round_ else f"vllm-{system}.log")
         pool = c.ceiling_pool() if system == CEILING else c.pool()
         pool_bytes = pool * BLOCK_TOKENS * int(report.environment.get("kv_bytes_per_token", 0))
         config = ServerConfig(
@@ -271,10 +279,10 @@ class ServeBench:
                 paths.remove()
             if not isinstance(exc, VllmServerError | OSError):
                 raise
-            report.systems.append(SystemInfo(system, kv_transfer_config=kv, log=str(log)))
+            _note_system(report, SystemInfo(system, kv_transfer_config=kv, log=str(log)))
             self._failed(report, system, exc)
             return None
-        report.systems.append(SystemInfo(system, server.startup_s, warm, kv, str(log)))
+        _note_system(report, SystemInfo(system, server.startup_s, warm, kv, str(log)))
         self._live[system] = server
         return server
 
@@ -288,15 +296,22 @@ class ServeBench:
                 report.systems[i] = replace(info, error=error)
 
     def _prefix_runs(
-        self, client: ClientWorker, server: VllmServer, system: str, report: ServeReport
+        self,
+        client: ClientWorker,
+        server: VllmServer,
+        system: str,
+        report: ServeReport,
+        round_: int = 0,
     ) -> bool:
-        """The reuse run at each concurrency; False once the client failed."""
+        """The reuse run at each concurrency (the same requests in every round); False once
+        the client failed."""
         c = self.config
         dataset = c.prefix.dataset
+        of = f", round {round_ + 1}/{c.reuse_rounds}" if c.reuse_rounds > 1 else ""
         try:
             for i, conc in enumerate(c.concurrency):
-                self.on_step(f"{system}: {dataset}, concurrency {conc}")
-                self._client_run(client, server, system, dataset, conc, c.seed + i, 0, report)
+                self.on_step(f"{system}: {dataset}, concurrency {conc}{of}")
+                self._client_run(client, server, system, dataset, conc, c.seed + i, round_, report)
         except ClientError as exc:
             self._failed(report, system, exc)
             return False
@@ -457,6 +472,13 @@ class ServeBench:
     def _stop_all(self, held: dict[str, VllmServer]) -> None:
         for system in list(held):
             self._stop(system, held.pop(system))
+
+
+def _note_system(report: ServeReport, info: SystemInfo) -> None:
+    """Keep ``info`` on the report unless a round before already noted that system (its
+    first start is the one the report gives)."""
+    if all(known.system != info.system for known in report.systems):
+        report.systems.append(info)
 
 
 def vocab_range(folder: Path) -> tuple[int, int]:

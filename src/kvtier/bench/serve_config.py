@@ -199,6 +199,10 @@ class ServeBenchConfig:
     ``quiet_load``: before each client run, wait (up to ``quiet_wait_s``) until the machine's
     1-minute load average is at most this (None: do not wait); other work on a shared CPU
     slows every system's prefill alike only when it lasts the whole run.
+    ``reuse_rounds``: how often every system runs the reuse workload at every concurrency,
+    each round starting every system afresh in an order turned by one a round (a machine whose
+    speed drifts then slows no system's runs more than another's); the report takes the
+    median over rounds of each figure.
     """
 
     systems: tuple[str, ...] = DEFAULT_SYSTEMS
@@ -221,6 +225,7 @@ class ServeBenchConfig:
     run_timeout_s: float = 3600.0
     quiet_load: float | None = None
     quiet_wait_s: float = 300.0
+    reuse_rounds: int = 1
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -231,6 +236,7 @@ class ServeBenchConfig:
             )
         if len(set(self.systems)) != len(self.systems):
             raise ConfigError("--systems: each system once")
+        _at_least_one(("--reuse-rounds", self.reuse_rounds))
         if self.tensor_parallel < 1:
             raise ConfigError(f"--tensor-parallel must be at least 1, got {self.tensor_parallel}")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -344,6 +350,12 @@ class ServeBenchConfig:
 
     def ordered_systems(self) -> list[str]:
         return [s for s in SYSTEMS if s in self.systems]
+
+    def round_order(self, round_: int) -> list[str]:
+        """The systems in the order reuse round ``round_`` starts them: turned by one a round."""
+        order = self.ordered_systems()
+        turn = round_ % len(order)
+        return order[turn:] + order[:turn]
 
     def random_systems(self) -> list[str]:
         if self.random is None:

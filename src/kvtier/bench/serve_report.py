@@ -84,6 +84,11 @@ def prefix_table(report: ServeReport) -> Table:
         "TTFT p50 · mean · p99 · the run's duration; load: 1-minute load average at the run's "
         "start → end"
     )
+    if report.config.reuse_rounds > 1:
+        title += (
+            f"; {report.config.reuse_rounds} rounds (r1, r2, …), every system started afresh "
+            "each round in an order turned by one: ratios and shares from medians over rounds"
+        )
     table = Table(title=title, title_justify="left")
     for name in (
         "conc",
@@ -114,7 +119,7 @@ def prefix_table(report: ServeReport) -> Table:
         speedup = report.speedup(run.system, run.concurrency)
         table.add_row(
             str(run.concurrency),
-            run.system,
+            run.system + (f" r{run.round + 1}" if report.config.reuse_rounds > 1 else ""),
             f"{cl.completed}/{cl.failed}",
             _ms(cl.ttft_mean_ms),
             _ms(cl.ttft_median_ms),
@@ -274,12 +279,12 @@ def serve_plot(report: ServeReport, path: Path) -> Path:
     for i, system in enumerate(systems):
         xs, p50, p99 = [], [], []
         for j, c in enumerate(levels):
-            run = report.prefix_run(system, c)
-            if run is None or run.client.completed == 0:
+            median, tail = report.figure(system, c, "p50"), report.figure(system, c, "p99")
+            if median is None or tail is None:
                 continue
             xs.append(j + i * width)
-            p50.append(run.client.ttft_median_ms / 1e3)
-            p99.append(run.client.ttft_p99_ms / 1e3)
+            p50.append(median / 1e3)
+            p99.append(tail / 1e3)
         ax.bar(xs, p50, width, label=system)
         ax.scatter(xs, p99, marker="_", s=200, color="black")
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(levels))])

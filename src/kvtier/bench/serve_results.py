@@ -172,25 +172,32 @@ class ServeReport:
     seconds: float = 0.0
     preload: PreloadResult | None = None
 
+    def prefix_runs(self, system: str, concurrency: int) -> list[RunResult]:
+        """``system``'s reuse runs at ``concurrency``, one a round, in the order they ran."""
+        return [
+            run
+            for run in self.runs
+            if run.dataset != "random" and (run.system, run.concurrency) == (system, concurrency)
+        ]
+
     def prefix_run(self, system: str, concurrency: int) -> RunResult | None:
-        for run in self.runs:
-            if run.dataset != "random" and (run.system, run.concurrency) == (
-                system,
-                concurrency,
-            ):
-                return run
-        return None
+        """``system``'s first reuse run at ``concurrency`` (None: none ran)."""
+        runs = self.prefix_runs(system, concurrency)
+        return runs[0] if runs else None
 
     def random_runs(self, system: str) -> list[RunResult]:
         return [r for r in self.runs if r.dataset == "random" and r.system == system]
 
     def figure(self, system: str, concurrency: int, metric: str = "p50") -> float | None:
-        """One of :data:`GAIN_METRICS` of ``system``'s prefix run at ``concurrency`` (None: no
-        usable run)."""
-        run = self.prefix_run(system, concurrency)
-        if run is None or run.client.completed == 0:
-            return None
-        return getattr(run.client, GAIN_METRICS[metric])
+        """One of :data:`GAIN_METRICS` of ``system``'s prefix runs at ``concurrency``, the
+        median over rounds (None: no usable run)."""
+        values = [
+            getattr(run.client, GAIN_METRICS[metric])
+            for run in self.prefix_runs(system, concurrency)
+            if run.client.completed
+        ]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
 
     def p50(self, system: str, concurrency: int) -> float | None:
         """TTFT p50 (ms) of ``system``'s prefix run at ``concurrency`` (None: none usable)."""
@@ -243,18 +250,21 @@ class ServeReport:
         :data:`NOTHING_TO_GAIN` below it, or with a 90 % bootstrap interval over the requests
         that reaches no gain. Both systems were sent the same requests in the same order (one
         dataset, one seed), so the interval pairs them request by request; the counters also
-        see through a machine whose speed drifts between the two systems' runs."""
+        see through a machine whose speed drifts between the two systems' runs. With several
+        rounds: the first round's counters and pairs, the means' medians over rounds."""
         ref, top = self.prefix_run(REFERENCE, concurrency), self.prefix_run(CEILING, concurrency)
         if ref is None or top is None or not ref.client.completed or not top.client.completed:
             return None
-        if not ref.client.ttft_mean_ms:
+        ref_mean = self.figure(REFERENCE, concurrency, "mean")
+        top_mean = self.figure(CEILING, concurrency, "mean")
+        if not ref_mean or top_mean is None:
             return None
         kept = top.cache.local_hits - ref.cache.local_hits
         prompts = max(ref.cache.prompt_tokens, top.cache.prompt_tokens)
         no_more_kept = prompts > 0 and kept < NOTHING_TO_GAIN * prompts
         if no_more_kept and top.cache.preemptions >= ref.cache.preemptions:
             return True
-        if 1 - top.client.ttft_mean_ms / ref.client.ttft_mean_ms < NOTHING_TO_GAIN:
+        if 1 - top_mean / ref_mean < NOTHING_TO_GAIN:
             return True
         a, b = top.client.ttfts_s, ref.client.ttfts_s
         interval = median_ratio_interval(a, b, statistic=np.mean, paired=len(a) == len(b))
@@ -399,11 +409,12 @@ class ServeReport:
     def _layerwise_targets(self, concurrency: int) -> list[Target]:
         """Layer-by-layer loading (kvtier-layerwise) against whole-request loading
         (kvtier-whole): the seconds forwards waited for KV fall, and TTFT p50 is no worse."""
-        layer = self.prefix_run("kvtier-layerwise", concurrency)
-        whole = self.prefix_run("kvtier-whole", concurrency)
-        if layer is None or whole is None:
+        layer = self.prefix_runs("kvtier-layerwise", concurrency)
+        whole = self.prefix_runs("kvtier-whole", concurrency)
+        if not layer or not whole:
             return []
-        a, b = layer.cache.kvtier_forward_blocked_s, whole.cache.kvtier_forward_blocked_s
+        a = statistics.median(r.cache.kvtier_forward_blocked_s for r in layer)
+        b = statistics.median(r.cache.kvtier_forward_blocked_s for r in whole)
         blocked = _ratio(a, b)
         ttft = _ratio(
             self.p50("kvtier-layerwise", concurrency), self.p50("kvtier-whole", concurrency)
@@ -473,6 +484,13 @@ class ServeReport:
                 for m in GAIN_METRICS
             },
             "nothing_to_gain": {str(c): self.nothing_to_gain(c) for c in self.config.concurrency},
+            "figures": {
+                m: {
+                    str(c): {s: self.figure(s, c, m) for s in self.config.ordered_systems()}
+                    for c in self.config.concurrency
+                }
+                for m in GAIN_METRICS
+            },
             "random_throughput": {
                 s: self.random_throughput(s) for s in self.config.random_systems()
             },
@@ -524,10 +542,10 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def iter_prefix_runs(report: ServeReport) -> Iterator[RunResult]:
-    """The prefix runs by concurrency, then system order."""
+    """The prefix runs by concurrency, then system order, then round."""
     order = {s: i for i, s in enumerate(SYSTEMS)}
     runs = [r for r in report.runs if r.dataset != "random"]
-    yield from sorted(runs, key=lambda r: (r.concurrency, order[r.system]))
+    yield from sorted(runs, key=lambda r: (r.concurrency, order[r.system], r.round))
 
 
 __all__ = [

@@ -117,6 +117,13 @@ def serve(
     trace_time_scale: Annotated[
         float, typer.Option(help="Multiplies the trace's times (2: half the arrival rate).")
     ] = 1.0,
+    reuse_rounds: Annotated[
+        int,
+        typer.Option(
+            help="Reuse runs per system and concurrency: each round starts every system "
+            "afresh, the order turned by one a round; figures are medians over rounds.",
+        ),
+    ] = 1,
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,
@@ -257,6 +264,7 @@ def serve(
         seed=seed,
         keep=keep,
         quiet_load=quiet_load,
+        reuse_rounds=reuse_rounds,
     )
     usable_directory(directory, "--dir", keep=False)  # before any server starts
     if plot is not None and plot.suffix.lower() == ".png":

@@ -58,6 +58,12 @@ PRESET_HELP = {
 }
 
 
+_REUSE_ROUNDS = (
+    "Reuse runs per system and concurrency: each round starts every system afresh, the order "
+    "turned by one a round; figures are medians over rounds."
+)
+
+
 def _preset(name: str) -> Any:
     """Option ``name`` of the presets: None unless given, which leaves it to the preset."""
     return typer.Option(help=PRESET_HELP[name].format(QUICK[name]))
@@ -117,13 +123,7 @@ def serve(
     trace_time_scale: Annotated[
         float, typer.Option(help="Multiplies the trace's times (2: half the arrival rate).")
     ] = 1.0,
-    reuse_rounds: Annotated[
-        int,
-        typer.Option(
-            help="Reuse runs per system and concurrency: each round starts every system "
-            "afresh, the order turned by one a round; figures are medians over rounds.",
-        ),
-    ] = 1,
+    reuse_rounds: Annotated[int, typer.Option(help=_REUSE_ROUNDS)] = 1,
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,

@@ -628,6 +628,8 @@ typedef struct {
     int lo, hi;
 } EncodeJob;
 
+/* count_pairs over the job's streams, with the stream count a constant in each call (all the
+ * streams, or half on two threads) so that its inner loop unrolls */
 static void
 count_job(void *arg)
 {

@@ -611,7 +611,10 @@ def serve_title(doc: dict) -> str:
             f"(ceiling {cfg['ceiling_pool_blocks']:,})"
         )
     if (cfg.get("reuse_rounds") or 1) > 1:
-        title += f"; {cfg['reuse_rounds']} rounds, the order turned by one a round (medians)"
+        how = "the order turned by one a round"
+        if cfg.get("interleave"):
+            how = "servers up, runs alternating"
+        title += f"; {cfg['reuse_rounds']} rounds, {how} (medians)"
     if cfg.get("random"):
         title += f"; the no-reuse check, {cfg['random'].get('repeats', 1)} rounds"
     return title

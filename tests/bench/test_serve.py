@@ -708,6 +708,74 @@ def test_figures_over_rounds_are_medians():
     assert "kvtier r3" in text and "medians over rounds" in text
 
 
+def test_interleaved_rounds_keep_every_server_up_and_alternate_with_fresh_requests(
+    monkeypatch, tmp_path
+):
+    systems = ("vllm", "ceiling", "kvtier")
+    config = ServeBenchConfig(
+        systems=systems, concurrency=(1, 4), random=RandomWorkload(repeats=3), reuse_rounds=3,
+        interleave=True,
+    )  # fmt: skip
+    bench, log, steps = _fake_bench(monkeypatch, tmp_path, config)
+    report = bench.run()
+    orders = [("vllm", "ceiling", "kvtier"), ("ceiling", "kvtier", "vllm")]
+    orders.append(("kvtier", "vllm", "ceiling"))
+    expected = [("start", s) for s in systems]
+    for i, conc in enumerate((1, 4)):
+        for r, order in enumerate(orders):  # a fresh seed a round, the same for every system
+            expected += [("prefix_repetition", s, conc, i + 2 * r, r) for s in order]
+    expected.append(("stop", "ceiling"))  # not in the random rounds
+    for r, order in enumerate((("vllm", "kvtier"), ("kvtier", "vllm"), ("vllm", "kvtier"))):
+        expected += [("random", s, 4, 1000 + r, r) for s in order]
+    expected += [("stop", "vllm"), ("stop", "kvtier")]
+    assert log == expected
+    assert len(steps) == bench.steps() - 3  # the fake start takes no step of its own
+    assert [r.round for r in report.prefix_runs("ceiling", 4)] == [0, 1, 2]
+    assert config.run_seeds() == [0, 1, 2, 3, 4, 5]
+    assert replace(config, interleave=False).run_seeds() == [0, 1]
+
+
+def test_interleaved_rounds_go_on_without_a_system_that_did_not_start(monkeypatch, tmp_path):
+    config = ServeBenchConfig(
+        systems=("vllm", "ceiling", "kvtier"), concurrency=(1,), random=None, reuse_rounds=2,
+        interleave=True,
+    )  # fmt: skip
+    bench, log, _ = _fake_bench(monkeypatch, tmp_path, config, fail="ceiling")
+    report = bench.run()
+    assert log == [
+        ("start", "vllm"), ("start", "ceiling"), ("start", "kvtier"),
+        ("prefix_repetition", "vllm", 1, 0, 0), ("prefix_repetition", "kvtier", 1, 0, 0),
+        ("prefix_repetition", "kvtier", 1, 1, 1), ("prefix_repetition", "vllm", 1, 1, 1),
+        ("stop", "vllm"), ("stop", "kvtier"),
+    ]  # fmt: skip
+    assert report.prefix_runs("ceiling", 1) == []
+
+
+def test_interleaved_rounds_compare_kvtier_with_vllm_alone_round_by_round():
+    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
+    r = ServeReport(replace(config, reuse_rounds=3, interleave=True), [], [], {}, {}, 0.0)
+    means = {"vllm": (6000.0, 4000.0, 5000.0), "ceiling": (6000.0, 4000.0, 5000.0)}
+    means["kvtier"] = (6100.0, 4080.0, 5600.0)  # 1.02 in two rounds of three
+    r.runs = [
+        replace(_timed(system, 1, ms, ms / 50), round=i)
+        for system, rounds in means.items()
+        for i, ms in enumerate(rounds)
+    ]
+    assert r.ratio("kvtier", 1, "mean") == pytest.approx(1.02)
+    assert r.ratio("kvtier", 1, "duration") == pytest.approx(1.02)
+    assert r.nothing_to_gain(1) is True
+    (flat,) = [t for t in r.targets() if t.name.startswith("nothing to gain")]
+    assert flat.passed and flat.measured == pytest.approx(1.02)
+    r.config = replace(r.config, interleave=False)  # the medians' ratio: 5600 / 5000
+    assert r.ratio("kvtier", 1, "mean") == pytest.approx(1.12)
+    (flat,) = [t for t in r.targets() if t.name.startswith("nothing to gain")]
+    assert not flat.passed
+    r.config = replace(r.config, interleave=True)
+    console = Console(record=True, width=260)
+    console.print(serve_table(r))
+    assert "runs alternating" in console.export_text()
+
+
 def test_sessions_runs_send_fresh_chats_from_a_file_per_concurrency(monkeypatch, tmp_path):
     transformers = pytest.importorskip("transformers")
     from kvtier.engines.embedded import embedded_model_folder

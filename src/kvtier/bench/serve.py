@@ -13,7 +13,9 @@ they replay a slice of a request trace (:mod:`kvtier.bench.serve_trace`) through
 runs the ``random`` dataset on vLLM alone and on kvtier; with ``repeats`` ≥ 3 both servers stay
 up and the runs alternate between them (the order flips each round), a fresh seed per round.
 With ``reuse_rounds`` > 1 the reuse runs are made that many times, every system started afresh
-each round in an order turned by one a round, and the report takes medians over rounds.
+each round in an order turned by one a round, and the report takes medians over rounds; with
+``interleave`` every server stays up instead and the runs alternate between them, each round
+with a fresh seed.
 Ratios are taken against vLLM alone measured in the same run; the issue's thresholds are
 printed next to them, never assumed.
 """
@@ -150,7 +152,8 @@ class ServeBench:
     def steps(self) -> int:
         """Server starts, client runs and random rounds."""
         c = self.config
-        per_system = (1 + len(c.concurrency)) * c.reuse_rounds
+        starts = 1 if c.interleave else c.reuse_rounds
+        per_system = starts + len(c.concurrency) * c.reuse_rounds
         rounds = c.random.repeats * len(c.random_systems()) if c.random else 0
         preload = 3 if c.preload is not None else 0
         return per_system * len(c.systems) + rounds + preload
@@ -193,8 +196,7 @@ class ServeBench:
         report = ServeReport(c, [], [], env, tiers)
         vocab = vocab_range(folder)
         if c.prefix.trace is not None:
-            for i in range(len(c.concurrency)):
-                seed = c.seed + i
+            for seed in c.run_seeds():
                 path = self.run_dir / "datasets" / f"trace-{seed}.jsonl"
                 self._datasets[seed] = c.prefix.trace.write(path, seed)
         elif c.prefix.sessions:
@@ -207,7 +209,9 @@ class ServeBench:
                 ClientWorker(self.run_dir / "client.log", {"PYTHONHASHSEED": "0"})
             )
             stack.callback(self._stop_all, held)
-            for round_ in range(c.reuse_rounds):
+            if c.interleave:
+                self._interleaved(client, held, folder, dram, disk, vocab, report)
+            for round_ in range(0 if c.interleave else c.reuse_rounds):
                 for system in c.round_order(round_):
                     server = self._start(system, folder, dram, disk, vocab, report, round_)
                     ok = server is not None and self._prefix_runs(
@@ -237,6 +241,37 @@ class ServeBench:
         report.environment["load_average_end"] = load_average()
         report.seconds = time.perf_counter() - began
         return report
+
+    def _interleaved(self, client, held, folder, dram, disk, vocab, report) -> None:
+        """Every system's server up at once; at each concurrency, round after round, each
+        system's reuse run in turn (a fresh seed a round); then the random rounds between the
+        held servers, and every server stopped."""
+        c = self.config
+        for system in c.ordered_systems():
+            server = self._start(system, folder, dram, disk, vocab, report)
+            if server is not None:
+                held[system] = server
+        for i, conc in enumerate(c.concurrency):
+            for round_ in range(c.reuse_rounds):
+                for system in c.round_order(round_):
+                    if system not in held:
+                        continue
+                    seed = c.run_seed(i, round_)
+                    of = f", round {round_ + 1}/{c.reuse_rounds}"
+                    self.on_step(f"{system}: {c.prefix.dataset}, concurrency {conc}{of}")
+                    try:
+                        self._client_run(
+                            client, held[system], system, c.prefix.dataset, conc, seed, round_,
+                            report,
+                        )  # fmt: skip
+                    except ClientError as exc:
+                        self._failed(report, system, exc)
+                        self._stop(system, held.pop(system))
+        for system in [s for s in held if s not in c.random_systems()]:
+            self._stop(system, held.pop(system))
+        if c.alternating() and len(held) == 2:
+            self._random_alternating(client, held, report)
+        self._random_alone(client, held, report)
 
     # --- one system -------------------------------------------------------------------------
     def _start(
@@ -311,7 +346,8 @@ class ServeBench:
         try:
             for i, conc in enumerate(c.concurrency):
                 self.on_step(f"{system}: {dataset}, concurrency {conc}{of}")
-                self._client_run(client, server, system, dataset, conc, c.seed + i, round_, report)
+                seed = c.run_seed(i, round_)
+                self._client_run(client, server, system, dataset, conc, seed, round_, report)
         except ClientError as exc:
             self._failed(report, system, exc)
             return False
@@ -321,15 +357,14 @@ class ServeBench:
         return True
 
     def _write_sessions(self, folder: Path, vocab: tuple[int, int]) -> None:
-        """The sessions' prompt file of each concurrency's seed (fresh chats for each run)."""
+        """The sessions' prompt file of each run's seed (fresh chats for each run)."""
         from transformers import AutoTokenizer
 
         from kvtier.bench.serve_sessions import session_prompts, write_dataset
 
         p = self.config.prefix
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        for i in range(len(self.config.concurrency)):
-            seed = self.config.seed + i
+        for seed in self.config.run_seeds():
             prompts = session_prompts(
                 tokenizer,
                 p.num_prefixes,

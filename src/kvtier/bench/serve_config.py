@@ -202,7 +202,11 @@ class ServeBenchConfig:
     ``reuse_rounds``: how often every system runs the reuse workload at every concurrency,
     each round starting every system afresh in an order turned by one a round (a machine whose
     speed drifts then slows no system's runs more than another's); the report takes the
-    median over rounds of each figure.
+    median over rounds of each figure. ``interleave``: every system's server stays up instead
+    and the runs alternate between them — at each concurrency, round after round, every system
+    in turn (the order turned by one a round), each round with a fresh dataset (a seed of its
+    own, the same for every system): paired runs lie minutes apart, not a whole system's
+    turn, and the report compares kvtier with vLLM alone round by round.
     """
 
     systems: tuple[str, ...] = DEFAULT_SYSTEMS
@@ -226,6 +230,7 @@ class ServeBenchConfig:
     quiet_load: float | None = None
     quiet_wait_s: float = 300.0
     reuse_rounds: int = 1
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -350,6 +355,17 @@ class ServeBenchConfig:
 
     def ordered_systems(self) -> list[str]:
         return [s for s in SYSTEMS if s in self.systems]
+
+    def run_seed(self, index: int, round_: int = 0) -> int:
+        """The seed of the reuse run at the ``index``-th concurrency in ``round_``: the same in
+        every round where each round starts the servers afresh, a fresh one per round where they
+        stay up (``interleave``: nothing a server kept from an earlier round is asked for)."""
+        return self.seed + index + (round_ * len(self.concurrency) if self.interleave else 0)
+
+    def run_seeds(self) -> list[int]:
+        """Every seed the reuse runs use (each needs its dataset)."""
+        rounds = self.reuse_rounds if self.interleave else 1
+        return [self.run_seed(i, r) for r in range(rounds) for i in range(len(self.concurrency))]
 
     def round_order(self, round_: int) -> list[str]:
         """The systems in the order reuse round ``round_`` starts them: turned by one a round."""

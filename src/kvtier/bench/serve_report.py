@@ -85,9 +85,13 @@ def prefix_table(report: ServeReport) -> Table:
         "start → end"
     )
     if report.config.reuse_rounds > 1:
-        title += (
-            f"; {report.config.reuse_rounds} rounds (r1, r2, …), every system started afresh "
-            "each round in an order turned by one: ratios and shares from medians over rounds"
+        title += f"; {report.config.reuse_rounds} rounds (r1, r2, …), " + (
+            "every server up throughout, the runs alternating (the order turned by one a "
+            "round, fresh requests each round): shares from medians over rounds, ratios "
+            "to vLLM alone the median of each round's"
+            if report.config.interleave
+            else "every system started afresh each round in an order turned by one: ratios "
+            "and shares from medians over rounds"
         )
     table = Table(title=title, title_justify="left")
     for name in (

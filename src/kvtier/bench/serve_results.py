@@ -199,6 +199,25 @@ class ServeReport:
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
+    def ratio(self, system: str, concurrency: int, metric: str = "p50") -> float | None:
+        """``system``'s figure over vLLM alone's on ``metric`` at ``concurrency``. Where the runs
+        interleave, the median of each round's ratio (the two runs of a round lie minutes apart
+        on the same requests); else the ratio of the medians (None: no usable pair)."""
+        if not self.config.interleave:
+            return _ratio(
+                self.figure(system, concurrency, metric),
+                self.figure(REFERENCE, concurrency, metric),
+            )
+        attr = GAIN_METRICS[metric]
+        refs = {r.round: r for r in self.prefix_runs(REFERENCE, concurrency) if r.client.completed}
+        ratios = [
+            _ratio(getattr(run.client, attr), getattr(refs[run.round].client, attr))
+            for run in self.prefix_runs(system, concurrency)
+            if run.client.completed and run.round in refs
+        ]
+        ratios = [r for r in ratios if r is not None]
+        return statistics.median(ratios) if ratios else None
+
     def p50(self, system: str, concurrency: int) -> float | None:
         """TTFT p50 (ms) of ``system``'s prefix run at ``concurrency`` (None: none usable)."""
         return self.figure(system, concurrency, "p50")
@@ -264,7 +283,8 @@ class ServeReport:
         no_more_kept = prompts > 0 and kept < NOTHING_TO_GAIN * prompts
         if no_more_kept and top.cache.preemptions >= ref.cache.preemptions:
             return True
-        if 1 - top_mean / ref_mean < NOTHING_TO_GAIN:
+        top_ratio = self.ratio(CEILING, concurrency, "mean")
+        if top_ratio is not None and 1 - top_ratio < NOTHING_TO_GAIN:
             return True
         a, b = top.client.ttfts_s, ref.client.ttfts_s
         interval = median_ratio_interval(a, b, statistic=np.mean, paired=len(a) == len(b))
@@ -287,7 +307,7 @@ class ServeReport:
             if ref is not None and mine is not None
         )
         if nothing:
-            ratios = [_ratio(mine, ref) for ref, mine in figures.values()]
+            ratios = [self.ratio("kvtier", concurrency, m) for m in figures]
             worst = None if None in ratios else max(ratios)
             return Target(
                 f"nothing to gain at concurrency {concurrency}: kvtier / vLLM alone, TTFT mean "

@@ -62,6 +62,10 @@ _REUSE_ROUNDS = (
     "Reuse runs per system and concurrency: each round starts every system afresh, the order "
     "turned by one a round; figures are medians over rounds."
 )
+_INTERLEAVE = (
+    "With --reuse-rounds: keep every server up and alternate the runs (each concurrency round "
+    "after round, every system in turn, fresh requests a round); ratios to vLLM alone per round."
+)
 
 
 def _preset(name: str) -> Any:
@@ -124,6 +128,7 @@ def serve(
         float, typer.Option(help="Multiplies the trace's times (2: half the arrival rate).")
     ] = 1.0,
     reuse_rounds: Annotated[int, typer.Option(help=_REUSE_ROUNDS)] = 1,
+    interleave: Annotated[bool, typer.Option(help=_INTERLEAVE)] = False,
     random: Annotated[
         bool, typer.Option(help="Run the no-reuse (random dataset) throughput check.")
     ] = True,
@@ -254,6 +259,7 @@ def serve(
         )
         if v["preload_check"]
         else None,
+        interleave=interleave,
         pool_blocks=pool_blocks,
         max_model_len=max_model_len,
         max_batched_tokens=max_num_batched_tokens,

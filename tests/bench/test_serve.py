@@ -682,16 +682,23 @@ def test_reuse_rounds_start_every_system_afresh_in_an_order_turned_by_one(monkey
     assert len(report.runs) == 18
 
 
-def test_figures_over_rounds_are_medians():
-    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
-    r = ServeReport(replace(config, reuse_rounds=3), [], [], {}, {}, 0.0)
-    means = {"vllm": (5000.0, 5400.0, 4000.0), "ceiling": (4990.0, 5300.0, 4100.0)}
-    means["kvtier"] = (5200.0, 5000.0, 4600.0)  # its first round alone would miss by 4 %
+def _rounds_report(means: dict[str, tuple[float, ...]], **config) -> ServeReport:
+    """A report of vLLM alone, the ceiling and kvtier at concurrency 1: each system's TTFT mean
+    (ms) a round, its duration (s) a fiftieth of it."""
+    base = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
+    r = ServeReport(replace(base, reuse_rounds=3, **config), [], [], {}, {}, 0.0)
     r.runs = [
         replace(_timed(system, 1, ms, ms / 50), round=i)
         for system, rounds in means.items()
         for i, ms in enumerate(rounds)
     ]
+    return r
+
+
+def test_figures_over_rounds_are_medians():
+    means = {"vllm": (5000.0, 5400.0, 4000.0), "ceiling": (4990.0, 5300.0, 4100.0)}
+    means["kvtier"] = (5200.0, 5000.0, 4600.0)  # its first round alone would miss by 4 %
+    r = _rounds_report(means)
     assert r.figure("vllm", 1, "mean") == pytest.approx(5000.0)
     assert r.figure("kvtier", 1, "mean") == pytest.approx(5000.0)
     assert r.figure("kvtier", 1, "duration") == pytest.approx(100.0)
@@ -752,15 +759,9 @@ def test_interleaved_rounds_go_on_without_a_system_that_did_not_start(monkeypatc
 
 
 def test_interleaved_rounds_compare_kvtier_with_vllm_alone_round_by_round():
-    config = ServeBenchConfig(systems=("vllm", "ceiling", "kvtier"), concurrency=(1,))
-    r = ServeReport(replace(config, reuse_rounds=3, interleave=True), [], [], {}, {}, 0.0)
     means = {"vllm": (6000.0, 4000.0, 5000.0), "ceiling": (6000.0, 4000.0, 5000.0)}
     means["kvtier"] = (6100.0, 4080.0, 5600.0)  # 1.02 in two rounds of three
-    r.runs = [
-        replace(_timed(system, 1, ms, ms / 50), round=i)
-        for system, rounds in means.items()
-        for i, ms in enumerate(rounds)
-    ]
+    r = _rounds_report(means, interleave=True)
     assert r.ratio("kvtier", 1, "mean") == pytest.approx(1.02)
     assert r.ratio("kvtier", 1, "duration") == pytest.approx(1.02)
     assert r.nothing_to_gain(1) is True
